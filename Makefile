@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the whole suite).
+# Both install missing Debian packages first (scripts/setup.sh) and build what they need.
+JOBS ?= $(shell nproc)
+
+.PHONY: all setup build demo test test-release test-asan test-tsan bench clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	cmake --preset default
+	cmake --build --preset default -j $(JOBS)
+
+demo: build
+	./build/bin/retrace_example_capture
+
+test: test-release test-asan test-tsan
+
+test-release: build
+	ctest --preset default -j $(JOBS)
+
+test-asan: setup
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
+
+test-tsan: setup
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan -j $(JOBS)
+
+bench: build
+	./build/bin/retrace_bench_device --benchmark_counters_tabular=true
+
+clean:
+	rm -rf build build-debug build-asan build-tsan

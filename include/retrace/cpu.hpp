@@ -1,0 +1,48 @@
+// The built-in CPU device: the reference backend every other backend is measured against.
+//
+// Memory is one arena per device with real, stable, 64-byte aligned addresses. Each command
+// queue either runs its work on a worker thread (ExecutionMode::worker, the default) or on the
+// calling thread as it is enqueued (ExecutionMode::inline_). A blocking replay of an idle queue
+// always runs on the calling thread: a hand-off to another core costs microseconds, more than
+// replaying a small trace. Commands are plain structs (a kernel function pointer and its
+// parameters), replayed by walking an array.
+//
+//   retrace::CpuDeviceOptions options;
+//   options.memory_bytes = 256 << 20;
+//   auto device = retrace::open_cpu_device(options);           // "cpu:0"
+//   auto devices = retrace::open_cpu_devices(2, options);      // "cpu:0", "cpu:1"
+#pragma once
+
+#include "retrace/device.hpp"
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace retrace {
+
+enum class ExecutionMode : std::uint8_t { worker, inline_ };
+
+struct CpuDeviceOptions {
+  DeviceId id{0};
+  std::size_t memory_bytes = std::size_t{1} << 30;  // arena size (reserved lazily)
+  // Limit on memory held by traces (all live traces plus the capture in progress).
+  std::size_t trace_region_bytes = std::size_t{256} << 20;
+  std::uint32_t num_queues = 2;
+  ExecutionMode execution = ExecutionMode::worker;
+  // Eager commands are handed to the worker in batches of at most this many (and at every
+  // synchronize, read, event and replay).
+  std::uint32_t eager_batch = 32;
+  // How long an idle worker spins before it sleeps.
+  std::uint32_t worker_spin_us = 50;
+  // Debug aid: bytes of a known pattern before and after every buffer, checked when the buffer
+  // is freed; damage is reported as a sticky device error at the next synchronize.
+  std::size_t guard_bytes = 0;
+};
+
+[[nodiscard]] std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options = {});
+// n independent devices with ids 0..n-1, each with its own memory and queues.
+[[nodiscard]] std::vector<std::unique_ptr<Device>> open_cpu_devices(
+    std::size_t count, CpuDeviceOptions options = {});
+
+}  // namespace retrace

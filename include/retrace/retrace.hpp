@@ -1,0 +1,11 @@
+// Umbrella header: everything a user of retrace needs.
+#pragma once
+
+#include "retrace/bfloat16.hpp"
+#include "retrace/cpu.hpp"
+#include "retrace/device.hpp"
+#include "retrace/error.hpp"
+#include "retrace/ops.hpp"
+#include "retrace/shape.hpp"
+#include "retrace/tensor.hpp"
+#include "retrace/types.hpp"

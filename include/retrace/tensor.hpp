@@ -1,0 +1,105 @@
+// Tensor: a cheap, shared handle on host or device storage with a shape, dtype and layout.
+//
+// Copies of a Tensor share storage (like ttnn.Tensor or torch::Tensor); clone() makes a deep
+// copy. A default-constructed Tensor is null, and every API rejects a null tensor by name.
+//
+//   auto x = retrace::Tensor::from_vector<float>(values, {2, 64}, retrace::DType::bfloat16);
+//   auto d = x.to_device(*device);          // host -> device on queue 0
+//   std::vector<float> back = d.to_vector<float>();
+#pragma once
+
+#include "retrace/bfloat16.hpp"
+#include "retrace/device.hpp"
+#include "retrace/shape.hpp"
+#include "retrace/types.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace retrace {
+
+// Host element types a tensor can be made from or read into.
+template <class T>
+concept HostElement = std::same_as<T, float> || std::same_as<T, double> ||
+                      std::same_as<T, bfloat16> || std::same_as<T, std::int32_t> ||
+                      std::same_as<T, std::uint32_t> || std::same_as<T, std::uint8_t>;
+
+// Bytes a tensor of this shape, dtype and layout occupies (tile layout pads the last two dims).
+[[nodiscard]] std::size_t storage_bytes(const Shape& shape, DType dtype, Layout layout);
+// Elements in storage, counting tile padding.
+[[nodiscard]] std::int64_t storage_elements(const Shape& shape, Layout layout);
+
+class Tensor {
+ public:
+  Tensor() = default;  // null
+
+  // Host tensor from values (converted to dtype: float -> bfloat16 rounds to nearest even).
+  template <HostElement T>
+  [[nodiscard]] static Tensor from_vector(std::span<const T> values, const Shape& shape,
+                                          DType dtype, Layout layout = Layout::row_major);
+  template <HostElement T>
+  [[nodiscard]] static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                                          DType dtype, Layout layout = Layout::row_major) {
+    return from_vector(std::span<const T>(values), shape, dtype, layout);
+  }
+  // Uninitialised storage on a device (contents unspecified) or on the host (zeros).
+  [[nodiscard]] static Tensor empty(const Shape& shape, DType dtype, Device& device,
+                                    Layout layout = Layout::row_major);
+  [[nodiscard]] static Tensor empty_host(const Shape& shape, DType dtype,
+                                         Layout layout = Layout::row_major);
+
+  [[nodiscard]] bool is_null() const noexcept { return !buffer_ && !host_; }
+  explicit operator bool() const noexcept { return !is_null(); }
+  [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+  [[nodiscard]] Layout layout() const noexcept { return layout_; }
+  [[nodiscard]] std::int64_t numel() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t nbytes() const noexcept;  // storage bytes, padding included
+  [[nodiscard]] bool on_device() const noexcept { return buffer_ != nullptr; }
+  [[nodiscard]] bool on_host() const noexcept { return host_ != nullptr; }
+  // The device holding the storage; nullptr for host tensors (and once the device is closed).
+  [[nodiscard]] Device* device() const noexcept;
+  // Device address of the first element (what a trace bakes in); 0 for host tensors.
+  [[nodiscard]] std::uint64_t address() const noexcept;
+  [[nodiscard]] const std::shared_ptr<Buffer>& buffer() const noexcept { return buffer_; }
+  // Raw host storage (padding included); empty for device tensors.
+  [[nodiscard]] std::span<const std::byte> host_bytes() const noexcept;
+  [[nodiscard]] std::span<std::byte> host_bytes_mutable() const noexcept;
+
+  // Host -> device (writes on `queue`); device -> the same device returns *this; device ->
+  // another device goes through the host.
+  [[nodiscard]] Tensor to_device(Device& device, QueueId queue = kDefaultQueue,
+                                 Blocking blocking = Blocking::yes) const;
+  // Device -> host after the queue's earlier work; host -> *this.
+  [[nodiscard]] Tensor to_host(QueueId queue = kDefaultQueue) const;
+  // The logical elements in row-major order (tile padding removed), converted to T.
+  template <HostElement T>
+  [[nodiscard]] std::vector<T> to_vector(QueueId queue = kDefaultQueue) const;
+  // A deep copy with its own storage (device copies run on `queue` and are traceable).
+  [[nodiscard]] Tensor clone(QueueId queue = kDefaultQueue) const;
+
+  // A handle on the same storage with another shape of the same storage size.
+  [[nodiscard]] Tensor with_shape(const Shape& shape) const;
+
+  // "Tensor([2, 64], bfloat16, row_major, cpu:0 @0x7f...)".
+  [[nodiscard]] std::string to_string() const;
+
+  // Throws invalid_argument if null: "<what>: <argument> is a null tensor".
+  void check_not_null(std::string_view what, std::string_view argument) const;
+
+ private:
+  Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::vector<std::byte>> host,
+         const Shape& shape, DType dtype, Layout layout);
+
+  std::shared_ptr<Buffer> buffer_;
+  std::shared_ptr<std::vector<std::byte>> host_;
+  Shape shape_;
+  DType dtype_ = DType::float32;
+  Layout layout_ = Layout::row_major;
+};
+
+}  // namespace retrace

@@ -1,0 +1,277 @@
+#include "retrace/device.hpp"
+
+#include "retrace/error.hpp"
+
+#include <algorithm>
+
+namespace retrace {
+
+// --- Buffer / Event ---------------------------------------------------------------------------
+
+Buffer::Buffer(std::shared_ptr<detail::DeviceLink> link, BlockInfo block) noexcept
+    : link_(std::move(link)), block_(block) {}
+
+Buffer::~Buffer() {
+  if (Device* device = link_->device.load()) device->do_free(block_);
+}
+
+Event::Event(std::shared_ptr<detail::EventState> state, std::shared_ptr<detail::DeviceLink> link,
+             QueueId queue) noexcept
+    : state_(std::move(state)), link_(std::move(link)), queue_(queue) {}
+
+bool Event::is_complete() const {
+  RETRACE_CHECK(state_, invalid_argument, "is_complete: the event was never recorded");
+  return state_->is_complete();
+}
+
+void Event::synchronize() const {
+  RETRACE_CHECK(state_, invalid_argument, "synchronize: the event was never recorded");
+  Device* device = link_->device.load();
+  RETRACE_CHECK(device == nullptr || !device->is_capturing(), capture_violation,
+                "cannot wait for an event of {} on the host while a trace capture is in "
+                "progress; end the capture first",
+                device != nullptr ? device->name() : std::string("a closed device"));
+  state_->wait();
+}
+
+// --- Device: lifetime -------------------------------------------------------------------------
+
+Device::Device(std::string_view backend, DeviceId id, std::uint32_t num_queues)
+    : backend_(backend),
+      id_(id),
+      name_(fmt::format("{}:{}", backend, id.value)),
+      num_queues_(num_queues),
+      link_(std::make_shared<detail::DeviceLink>()) {
+  RETRACE_CHECK(num_queues >= 1, invalid_argument, "{} needs at least one command queue", name_);
+  link_->device.store(this);
+}
+
+Device::~Device() {
+  RETRACE_ASSERT(link_->device.load() == nullptr,
+                 "backend destructor of {} did not call close()", name_);
+}
+
+void Device::close() noexcept {
+  std::unordered_map<std::uint64_t, std::shared_ptr<TraceBase>> traces;
+  {
+    std::lock_guard lock(mutex_);
+    traces.swap(traces_);
+  }
+  for (auto& [id, trace] : traces) do_release_trace(*trace);
+  link_->device.store(nullptr);
+}
+
+std::string Device::queue_label(QueueId queue) const {
+  return fmt::format("queue {} of {}", queue, name_);
+}
+
+// --- checks -----------------------------------------------------------------------------------
+
+void Device::check_queue(QueueId queue, std::string_view what) const {
+  RETRACE_CHECK(queue.value < num_queues_, invalid_argument,
+                "{}: queue {} does not exist on {} (it has queues 0..{})", what, queue, name_,
+                num_queues_ - 1);
+}
+
+void Device::check_not_capturing(std::string_view what) const {
+  if (!capturing_.load()) [[likely]] return;
+  std::lock_guard lock(mutex_);
+  RETRACE_CHECK(!capture_queue_, capture_violation,
+                "{} is not allowed while {} is capturing trace {}; end the capture with "
+                "end_trace_capture first",
+                what, queue_label(*capture_queue_), capture_trace_);
+}
+
+void Device::check_own_buffer(const Buffer& buffer, std::string_view what) const {
+  RETRACE_CHECK(buffer.device() == this, invalid_argument,
+                "{}: the buffer at 0x{:x} belongs to {}, not {}", what, buffer.address(),
+                buffer.device() ? buffer.device()->name() : std::string("a closed device"), name_);
+}
+
+std::shared_ptr<TraceBase> Device::find_trace(TraceId trace, std::string_view what) const {
+  std::lock_guard lock(mutex_);
+  auto it = traces_.find(trace.value);
+  if (it != traces_.end()) return it->second;
+  RETRACE_CHECK(!(capture_queue_ && capture_trace_ == trace), failed_precondition,
+                "{}: trace {} on {} is still being captured on {}; end the capture first", what,
+                trace, name_, queue_label(*capture_queue_));
+  RETRACE_FAIL(invalid_argument, "{}: trace {} does not exist on {} (never captured, or already "
+               "released)", what, trace, name_);
+}
+
+// --- memory and work --------------------------------------------------------------------------
+
+std::shared_ptr<Buffer> Device::allocate(std::size_t bytes) {
+  std::optional<TraceId> capture;
+  if (capturing_.load()) {
+    std::lock_guard lock(mutex_);
+    if (capture_queue_) capture = capture_trace_;
+  }
+  return std::make_shared<Buffer>(link_, do_allocate(bytes, capture));
+}
+
+void Device::write(QueueId queue, const Buffer& dst, std::size_t offset,
+                   std::span<const std::byte> src, Blocking blocking) {
+  check_queue(queue, "write");
+  check_not_capturing("writing host data to the device");
+  check_own_buffer(dst, "write");
+  RETRACE_CHECK(offset <= dst.size() && src.size() <= dst.size() - offset, invalid_argument,
+                "write: {} bytes at offset {} do not fit the {}-byte buffer at 0x{:x} on {}",
+                src.size(), offset, dst.size(), dst.address(), name_);
+  do_write(queue, dst, offset, src, blocking);
+}
+
+void Device::read(QueueId queue, const Buffer& src, std::size_t offset, std::span<std::byte> dst) {
+  check_queue(queue, "read");
+  check_not_capturing("reading a device buffer to the host");
+  check_own_buffer(src, "read");
+  RETRACE_CHECK(offset <= src.size() && dst.size() <= src.size() - offset, invalid_argument,
+                "read: {} bytes at offset {} exceed the {}-byte buffer at 0x{:x} on {}",
+                dst.size(), offset, src.size(), src.address(), name_);
+  do_read(queue, src, offset, dst);
+}
+
+void Device::enqueue(QueueId queue, const KernelLaunch& launch) {
+  check_queue(queue, launch.op);
+  RETRACE_CHECK(launch.params_size <= kMaxKernelParamsBytes, invalid_argument,
+                "{}: kernel parameters of {} bytes exceed the limit of {}", launch.op,
+                launch.params_size, kMaxKernelParamsBytes);
+  for (const Buffer* buffer : launch.buffers) check_own_buffer(*buffer, launch.op);
+  do_enqueue(queue, launch);
+}
+
+void Device::synchronize(QueueId queue) {
+  check_queue(queue, "synchronize");
+  check_not_capturing("synchronize");
+  do_synchronize(queue);
+}
+
+void Device::synchronize() {
+  check_not_capturing("synchronize");
+  // Wait for every queue before reporting the first failure, so nothing is left running.
+  std::optional<Error> first;
+  for (std::uint32_t q = 0; q < num_queues_; ++q) {
+    try {
+      do_synchronize(QueueId{q});
+    } catch (const Error& e) {
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
+}
+
+Event Device::record_event(QueueId queue) {
+  check_queue(queue, "record_event");
+  check_not_capturing("recording an event");
+  return Event(do_record_event(queue), link_, queue);
+}
+
+void Device::wait_event(QueueId queue, const Event& event) {
+  check_queue(queue, "wait_event");
+  check_not_capturing("waiting on an event");
+  RETRACE_CHECK(event.valid(), invalid_argument, "wait_event: the event was never recorded");
+  RETRACE_CHECK(event.device() == this, invalid_argument,
+                "wait_event: the event was recorded on {}, not {}",
+                event.device() ? event.device()->name() : std::string("a closed device"), name_);
+  do_wait_event(queue, event);
+}
+
+// --- traces -----------------------------------------------------------------------------------
+
+void Device::begin_trace_capture(QueueId queue) {
+  check_queue(queue, "begin_trace_capture");
+  std::lock_guard lock(mutex_);
+  if (capture_queue_) {
+    RETRACE_CHECK(*capture_queue_ != queue, failed_precondition,
+                  "begin_trace_capture: {} is already capturing trace {}; a queue records one "
+                  "trace at a time, call end_trace_capture first",
+                  queue_label(queue), capture_trace_);
+    RETRACE_FAIL(failed_precondition,
+                 "begin_trace_capture on {}: {} is capturing trace {} (one capture per device "
+                 "at a time); end that capture first",
+                 queue_label(queue), queue_label(*capture_queue_), capture_trace_);
+  }
+  const TraceId trace{next_trace_id_++};
+  do_begin_capture(queue, trace);
+  capture_queue_ = queue;
+  capture_trace_ = trace;
+  capturing_.store(true);
+}
+
+TraceId Device::end_trace_capture(QueueId queue) {
+  check_queue(queue, "end_trace_capture");
+  std::lock_guard lock(mutex_);
+  RETRACE_CHECK(capture_queue_, failed_precondition,
+                "end_trace_capture: no capture is in progress on {}; call begin_trace_capture "
+                "first",
+                name_);
+  RETRACE_CHECK(*capture_queue_ == queue, failed_precondition,
+                "end_trace_capture: {} is not capturing ({} is capturing trace {})",
+                queue_label(queue), queue_label(*capture_queue_), capture_trace_);
+  std::shared_ptr<TraceBase> trace = do_end_capture(queue);
+  trace->info.id = capture_trace_;
+  trace->info.captured_on = queue;
+  traces_.emplace(capture_trace_.value, std::move(trace));
+  capture_queue_.reset();
+  capturing_.store(false);
+  return capture_trace_;
+}
+
+void Device::execute_trace(TraceId trace, QueueId queue, Blocking blocking) {
+  check_queue(queue, "execute_trace");
+  std::shared_ptr<TraceBase> found = find_trace(trace, "execute_trace");
+  if (capturing_.load()) {
+    std::lock_guard lock(mutex_);
+    RETRACE_CHECK(capture_queue_ != queue, capture_violation,
+                  "execute_trace: cannot replay trace {} on {} while that queue is capturing "
+                  "trace {}; replay it on another queue or end the capture first",
+                  trace, queue_label(queue), capture_trace_);
+  }
+  do_execute_trace(*found, queue, blocking);
+}
+
+void Device::release_trace(TraceId trace) {
+  std::shared_ptr<TraceBase> found = find_trace(trace, "release_trace");
+  {
+    std::lock_guard lock(mutex_);
+    if (traces_.erase(trace.value) == 0) return;  // released concurrently by another thread
+  }
+  do_release_trace(*found);
+}
+
+bool Device::has_trace(TraceId trace) const {
+  std::lock_guard lock(mutex_);
+  return traces_.contains(trace.value);
+}
+
+TraceInfo Device::trace_info(TraceId trace) const {
+  return find_trace(trace, "trace_info")->info;
+}
+
+std::vector<TraceId> Device::live_traces() const {
+  std::vector<TraceId> ids;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [id, trace] : traces_) ids.emplace_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::optional<TraceId> Device::capturing_trace(QueueId queue) const {
+  std::lock_guard lock(mutex_);
+  if (capture_queue_ && *capture_queue_ == queue) return capture_trace_;
+  return std::nullopt;
+}
+
+DeviceStats Device::stats() const {
+  DeviceStats stats;
+  {
+    std::lock_guard lock(mutex_);
+    stats.live_traces = traces_.size();
+  }
+  do_fill_stats(stats);
+  return stats;
+}
+
+}  // namespace retrace

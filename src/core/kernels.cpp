@@ -1,0 +1,14 @@
+#include "retrace/kernels.hpp"
+
+#include <array>
+
+namespace retrace {
+
+std::string_view kernel_name(KernelId id) noexcept {
+  static constexpr std::array<std::string_view, static_cast<std::size_t>(KernelId::count_)>
+      kNames{"fill", "copy", "binary", "binary_scalar", "assert_finite"};
+  const auto index = static_cast<std::size_t>(id);
+  return index < kNames.size() ? kNames[index] : "unknown";
+}
+
+}  // namespace retrace

@@ -1,0 +1,84 @@
+// CpuMemory: the CPU device's arena and its per-trace private pools.
+//
+// One mmap'd region per device; blocks are carved first-fit from an ordered free list and
+// coalesced on free, so addresses are real, stable and 64-byte aligned. Blocks allocated while a
+// capture is in progress belong to that trace's pool:
+//  - during the capture, a pool block whose handle is dropped can be reused by the same capture
+//    (the queue runs in order, so the reuse is what eager execution would do);
+//  - after the capture, pool blocks stay reserved until the trace is released;
+//  - at release, blocks nobody holds go back to the arena; blocks still held by a Buffer become
+//    ordinary allocations, freed when that Buffer dies.
+// All methods are thread-safe.
+#pragma once
+
+#include "retrace/device.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace retrace::cpu {
+
+class CpuMemory {
+ public:
+  CpuMemory(std::string device_name, std::size_t capacity, std::size_t trace_region,
+            std::size_t guard_bytes);
+  ~CpuMemory();
+  CpuMemory(const CpuMemory&) = delete;
+  CpuMemory& operator=(const CpuMemory&) = delete;
+
+  [[nodiscard]] BlockInfo allocate(std::size_t bytes, std::optional<TraceId> capture);
+  // Returns a description of guard damage if the block's guard bytes were overwritten.
+  [[nodiscard]] std::optional<std::string> free(const BlockInfo& block) noexcept;
+
+  void begin_pool(TraceId trace);
+  // Seals the pool: its blocks stay reserved until release_pool. Returns (bytes, blocks).
+  std::pair<std::size_t, std::size_t> seal_pool(TraceId trace);
+  void release_pool(TraceId trace) noexcept;
+
+  void fill_stats(DeviceStats& stats) const;
+
+ private:
+  struct Block {
+    std::size_t span;  // bytes reserved, guards included
+    std::size_t size;  // bytes requested
+    std::optional<TraceId> pool;
+    bool held;  // a Buffer handle refers to it
+  };
+  struct Pool {
+    std::vector<std::size_t> offsets;
+    std::multimap<std::size_t, std::size_t> reusable;  // span -> offset, while capturing
+    std::size_t bytes = 0;
+    bool sealed = false;
+  };
+
+  std::size_t span_for(std::size_t bytes) const noexcept;
+  std::optional<std::size_t> reuse_from_pool(Pool& pool, std::size_t span);
+  std::size_t carve(std::size_t span, std::size_t request);  // throws out_of_memory
+  void give_back(std::size_t offset, std::size_t span) noexcept;
+  BlockInfo describe(std::size_t offset, const Block& block) const noexcept;
+  void write_guards(std::size_t offset, const Block& block) noexcept;
+  std::optional<std::string> check_guards(std::size_t offset, const Block& block) const noexcept;
+  std::size_t largest_free_locked() const noexcept;
+
+  std::string device_name_;
+  std::size_t capacity_;
+  std::size_t trace_region_;
+  std::size_t guard_;
+  std::byte* base_ = nullptr;
+
+  mutable std::mutex mutex_;
+  std::map<std::size_t, std::size_t> free_;    // offset -> span, coalesced
+  std::map<std::size_t, Block> blocks_;         // offset -> live block
+  std::unordered_map<std::uint64_t, Pool> pools_;
+  std::size_t in_use_ = 0;
+  std::size_t peak_ = 0;
+  std::size_t trace_bytes_ = 0;
+};
+
+}  // namespace retrace::cpu

@@ -1,0 +1,262 @@
+#include "cpu/queue.hpp"
+
+#include "retrace/error.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RETRACE_CPU_RELAX() _mm_pause()
+#else
+#define RETRACE_CPU_RELAX() ((void)0)
+#endif
+
+namespace retrace::cpu {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// Spins until pred() holds or `spin_us` passed; returns pred().
+template <class Pred>
+bool spin_until(Pred pred, std::uint32_t spin_us) {
+  const auto deadline = Clock::now() + std::chrono::microseconds(spin_us);
+  for (int i = 0;; ++i) {
+    if (pred()) return true;
+    RETRACE_CPU_RELAX();
+    if ((i & 63) == 63 && Clock::now() >= deadline) return pred();
+  }
+}
+}  // namespace
+
+void CpuEventState::wait() const {
+  if (spin_until([this] { return done_.load() != 0; }, 20)) return;
+  while (done_.load() == 0) done_.wait(0);
+}
+
+void CpuEventState::signal() noexcept {
+  done_.store(1);
+  done_.notify_all();
+}
+
+CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options,
+                   std::atomic<std::uint64_t>& commands_executed)
+    : label_(std::move(label)),
+      mode_(options.execution),
+      eager_batch_(std::max<std::uint32_t>(options.eager_batch, 1)),
+      spin_us_(options.worker_spin_us),
+      commands_executed_(commands_executed) {
+  if (mode_ == ExecutionMode::worker) worker_ = std::thread([this] { worker_loop(); });
+}
+
+CpuQueue::~CpuQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    flush_locked();
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+// --- recording --------------------------------------------------------------------------------
+
+void CpuQueue::record_command(Program& program, const KernelLaunch& launch, KernelFn fn,
+                              bool retain_all) {
+  Command& command = program.commands.emplace_back();
+  command.fn = fn;
+  command.op = launch.op;
+  std::memcpy(command.params, launch.params, launch.params_size);
+  for (Buffer* buffer : launch.buffers) {
+    if (!retain_all) {
+      // A trace keeps outside buffers alive, once each; its own pool it owns already.
+      if (buffer->trace() == program.trace) continue;
+      if (!capture_retained_.insert(buffer).second) continue;
+    }
+    program.retained.push_back(buffer->shared_from_this());
+  }
+}
+
+void CpuQueue::enqueue(const KernelLaunch& launch) {
+  const KernelFn fn = resolve_kernel(launch);  // may throw: before anything is recorded
+  std::lock_guard lock(mutex_);
+  if (capture_) {
+    record_command(*capture_, launch, fn, /*retain_all=*/false);
+    return;
+  }
+  if (!open_batch_) open_batch_ = std::make_shared<Program>();
+  record_command(*open_batch_, launch, fn, /*retain_all=*/true);
+  // Hand the batch over when the worker waits for work (it starts at once) or when it is full;
+  // otherwise keep collecting and save the hand-off.
+  if (mode_ == ExecutionMode::inline_ || open_batch_->commands.size() >= eager_batch_ ||
+      worker_state_.load(std::memory_order_relaxed) == WorkerState::spinning) {
+    flush_locked();
+  }
+}
+
+void CpuQueue::begin_capture(TraceId trace) {
+  std::lock_guard lock(mutex_);
+  flush_locked();
+  capture_ = std::make_shared<Program>();
+  capture_->trace = trace;
+  capture_retained_.clear();
+}
+
+std::shared_ptr<Program> CpuQueue::end_capture() {
+  std::lock_guard lock(mutex_);
+  capture_retained_.clear();
+  return std::move(capture_);
+}
+
+// --- submission -------------------------------------------------------------------------------
+
+void CpuQueue::flush_locked() {
+  if (!open_batch_) return;
+  push_locked(Item{Kind::program, 0, std::move(open_batch_), nullptr});
+  open_batch_.reset();
+}
+
+std::uint64_t CpuQueue::push_locked(Item item) {
+  item.seq = next_seq_++;
+  const std::uint64_t seq = item.seq;
+  if (mode_ == ExecutionMode::inline_) {  // in order by construction: we hold the lock
+    run(item);
+    completed_.store(seq);
+    completed_.notify_all();
+    return seq;
+  }
+  pending_.push_back(std::move(item));
+  pending_count_.fetch_add(1);
+  work_cv_.notify_one();
+  return seq;
+}
+
+std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking blocking) {
+  std::unique_lock lock(mutex_);
+  flush_locked();
+  if (blocking == Blocking::no || mode_ == ExecutionMode::inline_) {
+    return push_locked(Item{Kind::program, 0, std::move(program), nullptr});
+  }
+  // Blocking: run on this thread once the queue's earlier work is done.
+  Item item{Kind::program, next_seq_++, std::move(program), nullptr};
+  lock.unlock();
+  run_in_turn(item);
+  return item.seq;
+}
+
+void CpuQueue::signal(std::shared_ptr<CpuEventState> event) {
+  std::lock_guard lock(mutex_);
+  flush_locked();
+  push_locked(Item{Kind::signal, 0, nullptr, std::move(event)});
+}
+
+void CpuQueue::wait(std::shared_ptr<const detail::EventState> event) {
+  std::lock_guard lock(mutex_);
+  flush_locked();
+  push_locked(Item{Kind::wait, 0, nullptr, std::move(event)});
+}
+
+void CpuQueue::wait_idle() {
+  std::uint64_t last = 0;
+  {
+    std::lock_guard lock(mutex_);
+    flush_locked();
+    last = next_seq_ - 1;
+  }
+  wait_for(last);
+}
+
+void CpuQueue::wait_for(std::uint64_t seq) const {
+  if (spin_until([&] { return completed_.load() >= seq; }, spin_us_)) return;
+  for (std::uint64_t done = completed_.load(); done < seq; done = completed_.load()) {
+    completed_.wait(done);
+  }
+}
+
+std::optional<std::string> CpuQueue::take_error() {
+  if (!failed_.load()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  std::optional<std::string> error = std::move(error_);
+  error_.clear();
+  failed_.store(false);
+  return error;
+}
+
+// --- execution --------------------------------------------------------------------------------
+
+void CpuQueue::run_in_turn(const Item& item) {
+  wait_for(item.seq - 1);
+  run(item);
+  completed_.store(item.seq);
+  completed_.notify_all();
+}
+
+void CpuQueue::run(const Item& item) noexcept {
+  switch (item.kind) {
+    case Kind::program:
+      if (!failed_.load()) run_program(*item.program);
+      break;
+    case Kind::signal:  // fires even after a failure, so waiters never hang
+      std::const_pointer_cast<CpuEventState>(
+          std::static_pointer_cast<const CpuEventState>(item.event))
+          ->signal();
+      break;
+    case Kind::wait:
+      item.event->wait();
+      break;
+  }
+}
+
+void CpuQueue::run_program(const Program& program) noexcept {
+  const Command* commands = program.commands.data();
+  const std::size_t count = program.commands.size();
+  std::size_t i = 0;
+  std::string what;
+  try {
+    for (; i < count; ++i) commands[i].fn(commands[i].params);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception";
+  }
+  commands_executed_.fetch_add(i, std::memory_order_relaxed);
+  if (i == count) return;
+  try {
+    const std::string where =
+        program.trace ? fmt::format("command {} of {} in trace {}", i, count, *program.trace)
+                      : std::string("eager");
+    std::string message =
+        fmt::format("op '{}' failed on {} ({}): {}", commands[i].op, label_, where, what);
+    // error_ is written only here, before failed_ is set, and read only once failed_ is seen.
+    error_ = std::move(message);
+  } catch (...) {
+    error_ = "a queued op failed";
+  }
+  failed_.store(true);
+}
+
+bool CpuQueue::pop(Item& item) {
+  worker_state_.store(WorkerState::spinning);
+  spin_until([this] { return pending_count_.load() > 0; }, spin_us_);
+  std::unique_lock lock(mutex_);
+  if (pending_.empty()) {
+    worker_state_.store(WorkerState::sleeping);
+    work_cv_.wait(lock, [this] { return !pending_.empty() || stopping_; });
+    if (pending_.empty()) return false;
+  }
+  item = std::move(pending_.front());
+  pending_.pop_front();
+  pending_count_.fetch_sub(1);
+  worker_state_.store(WorkerState::busy);
+  return true;
+}
+
+void CpuQueue::worker_loop() {
+  Item item;
+  while (pop(item)) {
+    run_in_turn(item);
+    item = Item{};  // drop buffers held by the program now, not at the next pop
+  }
+}
+
+}  // namespace retrace::cpu

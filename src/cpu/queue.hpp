@@ -1,0 +1,103 @@
+// CpuQueue: one in-order command queue of the CPU device.
+//
+// Work is a sequence of items (programs, event signals, event waits), each with a sequence
+// number; items run strictly in that order, on the queue's worker thread or on a calling thread
+// that waits for its turn (blocking submissions run on the caller: handing work to another core
+// costs microseconds). Eager commands collect in an open batch that is handed over when it is
+// full, when the worker is idle, or at any synchronisation point. While capturing, commands are
+// appended to the trace's program instead.
+//
+// A command that throws fails the queue: the error is kept (sticky) and reported once by
+// take_error(); programs queued behind it are skipped, event signals still fire.
+#pragma once
+
+#include "cpu/program.hpp"
+#include "retrace/cpu.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+namespace retrace::cpu {
+
+class CpuEventState final : public detail::EventState {
+ public:
+  [[nodiscard]] bool is_complete() const override { return done_.load() != 0; }
+  void wait() const override;
+  void signal() noexcept;
+
+ private:
+  std::atomic<std::uint32_t> done_{0};
+};
+
+class CpuQueue {
+ public:
+  CpuQueue(std::string label, const CpuDeviceOptions& options,
+           std::atomic<std::uint64_t>& commands_executed);
+  ~CpuQueue();  // drains the queue, then stops the worker
+  CpuQueue(const CpuQueue&) = delete;
+  CpuQueue& operator=(const CpuQueue&) = delete;
+
+  void enqueue(const KernelLaunch& launch);
+  // Returns the program's sequence number; Blocking::yes returns after it ran.
+  std::uint64_t submit(std::shared_ptr<const Program> program, Blocking blocking);
+  void signal(std::shared_ptr<CpuEventState> event);
+  void wait(std::shared_ptr<const detail::EventState> event);
+  void wait_idle();
+  void wait_for(std::uint64_t seq) const;
+  // The sticky error, cleared as it is returned.
+  [[nodiscard]] std::optional<std::string> take_error();
+
+  void begin_capture(TraceId trace);
+  [[nodiscard]] std::shared_ptr<Program> end_capture();
+
+ private:
+  enum class Kind : std::uint8_t { program, signal, wait };
+  struct Item {
+    Kind kind;
+    std::uint64_t seq;
+    std::shared_ptr<const Program> program;
+    std::shared_ptr<const detail::EventState> event;
+  };
+  enum class WorkerState : std::uint8_t { busy, spinning, sleeping };
+
+  std::uint64_t push_locked(Item item);
+  void flush_locked();
+  void run_in_turn(const Item& item);
+  void run(const Item& item) noexcept;
+  void run_program(const Program& program) noexcept;
+  void worker_loop();
+  bool pop(Item& item);
+  void record_command(Program& program, const KernelLaunch& launch, KernelFn fn, bool retain_all);
+
+  std::string label_;
+  ExecutionMode mode_;
+  std::uint32_t eager_batch_;
+  std::uint32_t spin_us_;
+  std::atomic<std::uint64_t>& commands_executed_;
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::deque<Item> pending_;
+  std::shared_ptr<Program> open_batch_;
+  std::shared_ptr<Program> capture_;
+  std::unordered_set<const Buffer*> capture_retained_;
+  std::uint64_t next_seq_ = 1;
+  bool stopping_ = false;
+  std::string error_;
+
+  std::atomic<std::size_t> pending_count_{0};
+  std::atomic<WorkerState> worker_state_{WorkerState::busy};
+  std::atomic<std::uint64_t> completed_{0};
+  std::atomic<bool> failed_{false};
+  std::thread worker_;
+};
+
+}  // namespace retrace::cpu
