@@ -67,10 +67,8 @@ class CpuDevice final : public Device {
     CopyParams params{staged.get(), static_cast<std::byte*>(dst.data()) + offset,
                       static_cast<std::int64_t>(src.size())};
     Buffer* buffers[] = {const_cast<Buffer*>(&dst)};
-    Command& command = program->commands.emplace_back();
-    command.fn = resolve_kernel(make_launch(KernelId::copy, "write", params, buffers));
-    command.op = "write";
-    std::memcpy(command.params, &params, sizeof params);
+    program->append(resolve_kernel(make_launch(KernelId::copy, "write", params, buffers)),
+                    "write", &params, sizeof params);
     program->retained.push_back(const_cast<Buffer&>(dst).shared_from_this());
     program->staging.push_back(std::move(staged));
     queue_at(queue).submit(std::move(program), blocking);
@@ -112,12 +110,11 @@ class CpuDevice final : public Device {
     auto trace = std::make_shared<CpuTrace>();
     std::shared_ptr<Program> program = queue_at(queue).end_capture();
     const auto [bytes, blocks] = memory_.seal_pool(*program->trace);
-    trace->info.commands = program->commands.size();
+    trace->info.commands = program->size();
     trace->info.bytes = bytes;
     trace->info.pool_buffers = blocks;
     trace->info.external_buffers = program->retained.size();
-    trace->info.ops.reserve(program->commands.size());
-    for (const Command& command : program->commands) trace->info.ops.emplace_back(command.op);
+    trace->info.ops.assign(program->ops.begin(), program->ops.end());
     trace->program = std::move(program);
     trace->last_submission.assign(queues_.size(), 0);
     capture_queue_.reset();

@@ -1,6 +1,7 @@
 // CPU kernels for the device-neutral KernelIds. Each kernel is specialised by dtype and
 // operation when the command is recorded, so replay calls the right loop directly. Loops are
 // plain and contiguous so the compiler vectorises them; bfloat16 is computed in float32.
+#include "cpu/elementwise.hpp"
 #include "cpu/program.hpp"
 #include "retrace/bfloat16.hpp"
 #include "retrace/error.hpp"
@@ -17,36 +18,10 @@ const P& params_as(const std::byte* params) {
   return *reinterpret_cast<const P*>(params);
 }
 
-// Element access in the arithmetic type of each storage type.
-template <class T>
-struct Elem {
-  using compute = T;
-  static compute load(const T* p, std::int64_t i) { return p[i]; }
-  static void store(T* p, std::int64_t i, compute v) { p[i] = v; }
-};
-template <>
-struct Elem<bfloat16> {
-  using compute = float;
-  static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
-  static void store(bfloat16* p, std::int64_t i, float v) { p[i] = bfloat16::from_float(v); }
-};
-
-template <BinaryOp op, class C>
-C apply(C a, C b) {
-  if constexpr (op == BinaryOp::add) {
-    return a + b;
-  } else {
-    return a * b;
-  }
-}
-
 template <class T>
 void fill_kernel(const std::byte* raw) {
   const auto& p = params_as<FillParams>(raw);
-  using E = Elem<T>;
-  const auto value = static_cast<typename E::compute>(p.value);
-  T* out = static_cast<T*>(p.out);
-  for (std::int64_t i = 0; i < p.count; ++i) E::store(out, i, value);
+  fill_loop<T>(static_cast<T*>(p.out), p.count, static_cast<typename Elem<T>::compute>(p.value));
 }
 
 void copy_kernel(const std::byte* raw) {
@@ -57,23 +32,15 @@ void copy_kernel(const std::byte* raw) {
 template <BinaryOp op, class T>
 void binary_kernel(const std::byte* raw) {
   const auto& p = params_as<BinaryParams>(raw);
-  using E = Elem<T>;
-  const T* a = static_cast<const T*>(p.a);
-  const T* b = static_cast<const T*>(p.b);
-  T* out = static_cast<T*>(p.out);
-  for (std::int64_t i = 0; i < p.count; ++i) {
-    E::store(out, i, apply<op>(E::load(a, i), E::load(b, i)));
-  }
+  binary_loop<op, T>(static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.out),
+                     p.count);
 }
 
 template <BinaryOp op, class T>
 void binary_scalar_kernel(const std::byte* raw) {
   const auto& p = params_as<BinaryScalarParams>(raw);
-  using E = Elem<T>;
-  const auto s = static_cast<typename E::compute>(p.scalar);
-  const T* a = static_cast<const T*>(p.a);
-  T* out = static_cast<T*>(p.out);
-  for (std::int64_t i = 0; i < p.count; ++i) E::store(out, i, apply<op>(E::load(a, i), s));
+  binary_scalar_loop<op, T>(static_cast<const T*>(p.a), static_cast<T*>(p.out), p.count,
+                            static_cast<typename Elem<T>::compute>(p.scalar));
 }
 
 template <class T>

@@ -11,27 +11,39 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace retrace::cpu {
 
 using KernelFn = void (*)(const std::byte* params);
 
-struct Command {
-  KernelFn fn;
-  const char* op;
-  alignas(16) std::byte params[kMaxKernelParamsBytes];
+// Commands are stored back to back in 16-byte slots: a header, then the kernel's parameters
+// (an add of 1024 floats takes 64 bytes), so replaying walks a compact array.
+struct alignas(16) CommandSlot {
+  std::byte bytes[16];
 };
-static_assert(sizeof(Command) == 256);
+struct CommandHeader {
+  KernelFn fn;
+  std::uint32_t slots;  // header and parameters
+};
+static_assert(sizeof(CommandHeader) <= sizeof(CommandSlot));
 
 struct Program {
-  std::vector<Command> commands;
+  std::vector<CommandSlot> stream;
+  std::vector<const char*> ops;  // op name of each command, for errors and listings
   // Buffers the commands use that the program must keep alive (for a trace: those outside its
   // private pool).
   std::vector<std::shared_ptr<Buffer>> retained;
   // Host data staged for writes.
   std::vector<std::unique_ptr<std::byte[]>> staging;
   std::optional<TraceId> trace;  // set for traces
+
+  void append(KernelFn fn, const char* op, const void* params, std::size_t params_size);
+  [[nodiscard]] std::size_t size() const noexcept { return ops.size(); }
+  // Runs every command; returns the index of the one that threw (with its message) or size().
+  std::size_t run(std::string& error) const noexcept;
 };
 
 // Maps a launch to the CPU kernel that runs it (specialised by dtype and operation).

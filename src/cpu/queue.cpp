@@ -63,10 +63,7 @@ CpuQueue::~CpuQueue() {
 
 void CpuQueue::record_command(Program& program, const KernelLaunch& launch, KernelFn fn,
                               bool retain_all) {
-  Command& command = program.commands.emplace_back();
-  command.fn = fn;
-  command.op = launch.op;
-  std::memcpy(command.params, launch.params, launch.params_size);
+  program.append(fn, launch.op, launch.params, launch.params_size);
   for (Buffer* buffer : launch.buffers) {
     if (!retain_all) {
       // A trace keeps outside buffers alive, once each; its own pool it owns already.
@@ -88,8 +85,7 @@ void CpuQueue::enqueue(const KernelLaunch& launch) {
   record_command(*open_batch_, launch, fn, /*retain_all=*/true);
   // Hand the batch over when the worker waits for work (it starts at once) or when it is full;
   // otherwise keep collecting and save the hand-off.
-  if (mode_ == ExecutionMode::inline_ || open_batch_->commands.size() >= eager_batch_ ||
-      worker_state_.load(std::memory_order_relaxed) == WorkerState::spinning) {
+  if (mode_ == ExecutionMode::inline_ || open_batch_->size() >= eager_batch_) {
     flush_locked();
   }
 }
@@ -111,6 +107,7 @@ std::shared_ptr<Program> CpuQueue::end_capture() {
 // --- submission -------------------------------------------------------------------------------
 
 void CpuQueue::flush_locked() {
+  retired_.clear();  // programs the worker finished: their buffers are freed on this thread
   if (!open_batch_) return;
   push_locked(Item{Kind::program, 0, std::move(open_batch_), nullptr});
   open_batch_.reset();
@@ -164,6 +161,8 @@ void CpuQueue::wait_idle() {
     last = next_seq_ - 1;
   }
   wait_for(last);
+  std::lock_guard lock(mutex_);
+  retired_.clear();
 }
 
 void CpuQueue::wait_for(std::uint64_t seq) const {
@@ -208,27 +207,17 @@ void CpuQueue::run(const Item& item) noexcept {
 }
 
 void CpuQueue::run_program(const Program& program) noexcept {
-  const Command* commands = program.commands.data();
-  const std::size_t count = program.commands.size();
-  std::size_t i = 0;
   std::string what;
-  try {
-    for (; i < count; ++i) commands[i].fn(commands[i].params);
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-    what = "unknown exception";
-  }
-  commands_executed_.fetch_add(i, std::memory_order_relaxed);
-  if (i == count) return;
+  const std::size_t ran = program.run(what);
+  commands_executed_.fetch_add(ran, std::memory_order_relaxed);
+  if (ran == program.size()) return;
   try {
     const std::string where =
-        program.trace ? fmt::format("command {} of {} in trace {}", i, count, *program.trace)
-                      : std::string("eager");
-    std::string message =
-        fmt::format("op '{}' failed on {} ({}): {}", commands[i].op, label_, where, what);
+        program.trace
+            ? fmt::format("command {} of {} in trace {}", ran, program.size(), *program.trace)
+            : std::string("eager");
     // error_ is written only here, before failed_ is set, and read only once failed_ is seen.
-    error_ = std::move(message);
+    error_ = fmt::format("op '{}' failed on {} ({}): {}", program.ops[ran], label_, where, what);
   } catch (...) {
     error_ = "a queued op failed";
   }
@@ -254,8 +243,18 @@ bool CpuQueue::pop(Item& item) {
 void CpuQueue::worker_loop() {
   Item item;
   while (pop(item)) {
-    run_in_turn(item);
-    item = Item{};  // drop buffers held by the program now, not at the next pop
+    wait_for(item.seq - 1);
+    run(item);
+    if (item.program && item.program.use_count() == 1) {
+      // The submitting side drops finished programs (and frees their buffers) at its next
+      // submission or synchronize: freeing here would contend with its allocations.
+      std::lock_guard lock(mutex_);
+      retired_.push_back(std::move(item.program));
+    }
+    const std::uint64_t seq = item.seq;
+    item = Item{};
+    completed_.store(seq);
+    completed_.notify_all();
   }
 }
 

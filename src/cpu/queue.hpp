@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 namespace retrace::cpu {
 
@@ -88,6 +89,7 @@ class CpuQueue {
   std::deque<Item> pending_;
   std::shared_ptr<Program> open_batch_;
   std::shared_ptr<Program> capture_;
+  std::vector<std::shared_ptr<const Program>> retired_;
   std::unordered_set<const Buffer*> capture_retained_;
   std::uint64_t next_seq_ = 1;
   bool stopping_ = false;

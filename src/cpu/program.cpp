@@ -1,0 +1,35 @@
+#include "cpu/program.hpp"
+
+#include <cstring>
+#include <new>
+
+namespace retrace::cpu {
+
+void Program::append(KernelFn fn, const char* op, const void* params, std::size_t params_size) {
+  const std::size_t param_slots = (params_size + sizeof(CommandSlot) - 1) / sizeof(CommandSlot);
+  const std::size_t at = stream.size();
+  stream.resize(at + 1 + param_slots);
+  new (&stream[at]) CommandHeader{fn, static_cast<std::uint32_t>(1 + param_slots)};
+  if (params_size > 0) std::memcpy(&stream[at + 1], params, params_size);
+  ops.push_back(op);
+}
+
+std::size_t Program::run(std::string& error) const noexcept {
+  const CommandSlot* slot = stream.data();
+  const CommandSlot* const end = slot + stream.size();
+  std::size_t index = 0;
+  try {
+    for (; slot != end; ++index) {
+      const auto* header = std::launder(reinterpret_cast<const CommandHeader*>(slot));
+      header->fn(reinterpret_cast<const std::byte*>(slot + 1));
+      slot += header->slots;
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "unknown exception";
+  }
+  return index;
+}
+
+}  // namespace retrace::cpu
