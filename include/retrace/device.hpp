@@ -76,6 +76,7 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   [[nodiscard]] std::uint64_t address() const noexcept { return block_.address; }
   [[nodiscard]] std::size_t size() const noexcept { return block_.size; }
   [[nodiscard]] void* data() const noexcept { return block_.data; }
+  // The trace whose capture allocated the buffer (still set after that trace is released).
   [[nodiscard]] std::optional<TraceId> trace() const noexcept { return block_.trace; }
   [[nodiscard]] const BlockInfo& block() const noexcept { return block_; }
 
@@ -193,6 +194,8 @@ class Device {
   [[nodiscard]] std::vector<TraceId> live_traces() const;
   [[nodiscard]] bool is_capturing() const noexcept { return capturing_.load(); }
   [[nodiscard]] std::optional<TraceId> capturing_trace(QueueId queue) const;
+  // Throws a capture violation naming `what` and the capture in progress, if there is one.
+  void check_not_capturing(std::string_view what) const;
 
   [[nodiscard]] DeviceStats stats() const;
 
@@ -229,7 +232,6 @@ class Device {
  private:
   friend class Buffer;
   void check_queue(QueueId queue, std::string_view what) const;
-  void check_not_capturing(std::string_view what) const;
   void check_own_buffer(const Buffer& buffer, std::string_view what) const;
   std::shared_ptr<TraceBase> find_trace(TraceId trace, std::string_view what) const;
 

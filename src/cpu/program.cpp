@@ -1,5 +1,7 @@
 #include "cpu/program.hpp"
 
+#include "retrace/error.hpp"
+
 #include <cstring>
 #include <new>
 
@@ -24,6 +26,8 @@ std::size_t Program::run(std::string& error) const noexcept {
       header->fn(reinterpret_cast<const std::byte*>(slot + 1));
       slot += header->slots;
     }
+  } catch (const Error& e) {
+    error = e.message();
   } catch (const std::exception& e) {
     error = e.what();
   } catch (...) {

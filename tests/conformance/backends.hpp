@@ -1,0 +1,43 @@
+// The backend registry of the conformance suite. Every backend registers a factory; every test
+// of the suite runs against each (CPU with worker queues, CPU with inline queues, CUDA when a
+// GPU is present). A backend that cannot run a case skips it with GTEST_SKIP() and a reason.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <retrace/retrace.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace retrace::conformance {
+
+struct DeviceSpec {
+  DeviceId id{0};
+  std::size_t memory_bytes = std::size_t{64} << 20;
+  std::size_t trace_region_bytes = std::size_t{16} << 20;
+  std::size_t guard_bytes = 64;
+};
+
+struct Backend {
+  std::string name;
+  std::function<std::unique_ptr<Device>(const DeviceSpec&)> open;
+  bool can_detect_guard_damage = false;
+};
+
+const std::vector<Backend>& backends();
+
+inline void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }
+
+class DeviceConformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { device_ = open(); }
+  std::unique_ptr<Device> open(DeviceSpec spec = {}) const { return GetParam().open(spec); }
+  Device& device() { return *device_; }
+  std::unique_ptr<Device> device_;
+};
+
+std::string backend_name(const ::testing::TestParamInfo<Backend>& info);
+
+}  // namespace retrace::conformance
