@@ -246,6 +246,7 @@ TEST_P(DeviceConformance, ReleasingWaitsForReplaysInFlight) {
   for (int i = 0; i < 20; ++i) y = ops::add(y, 1.0);
   ops::copy(y, x);
   const TraceId trace = device().end_trace_capture(q0);
+  device().synchronize();  // x was filled on queue 0; the replays run on queue 1
   for (int i = 0; i < 10; ++i) device().execute_trace(trace, q1, Blocking::no);
   device().release_trace(trace);  // must not free memory the queued replays still use
   std::vector<Tensor> reuse;
