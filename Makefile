@@ -32,7 +32,8 @@ test-tsan: setup
 	ctest --preset tsan -j $(JOBS)
 
 bench: build
-	./build/bin/retrace_bench_device --benchmark_counters_tabular=true
+	./build/bin/retrace_bench_device
+	./build/bin/retrace_bench_tracer
 
 clean:
 	rm -rf build build-debug build-asan build-tsan

@@ -198,19 +198,20 @@ void visit_leaves(F&& f, const TreePath& path, T& a, Ts&... others) {
     }
     if (engaged) visit_leaves(f, path, *a, *others...);
   } else if constexpr (detail::IsStringMap<U>::value) {
-    detail::check_same_keys(path, a, others...);
+    if constexpr (sizeof...(Ts) > 0) detail::check_same_keys(path, a, others...);
     for (auto& [key, value] : a) visit_leaves(f, path.key(key), value, others.find(key)->second...);
   } else if constexpr (detail::FieldStruct<U>) {
     constexpr std::string_view names = retrace_field_names(static_cast<const U*>(nullptr));
     auto fields = retrace_tie(a);
     constexpr std::size_t count = std::tuple_size_v<decltype(fields)>;
+    auto others_fields = std::make_tuple(retrace_tie(others)...);
     std::apply(
         [&](auto&... other_fields) {
           [&]<std::size_t... I>(std::index_sequence<I...>) {
             (detail::visit_field<I>(f, path, names, fields, other_fields...), ...);
           }(std::make_index_sequence<count>{});
         },
-        std::tuple(retrace_tie(others)...));
+        others_fields);
   } else {
     static_assert(detail::always_false<U>,
                   "retrace: this type cannot be part of a traced input or output. Leaves are "

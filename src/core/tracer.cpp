@@ -1,0 +1,227 @@
+#include "retrace/tracer.hpp"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace retrace::detail {
+
+namespace {
+std::string device_names(const std::vector<Device*>& devices) {
+  std::vector<std::string> names;
+  for (const Device* d : devices) names.push_back(d->name());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+}  // namespace
+
+TracerCore::TracerCore(std::vector<Device*> devices, TracerOptions options)
+    : devices_(std::move(devices)), options_(std::move(options)) {
+  RETRACE_CHECK(!devices_.empty(), invalid_argument, "tracer '{}' needs at least one device",
+                options_.name);
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    RETRACE_CHECK(devices_[i] != nullptr, invalid_argument, "tracer '{}': device {} is null",
+                  options_.name, i);
+    RETRACE_CHECK(std::count(devices_.begin(), devices_.end(), devices_[i]) == 1,
+                  invalid_argument, "tracer '{}': device {} is listed twice", options_.name,
+                  devices_[i]->name());
+    links_.push_back(devices_[i]->link());
+  }
+}
+
+TracerCore::~TracerCore() = default;
+
+std::size_t TracerCore::trace_bytes() const {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < traces_.size(); ++i) bytes += devices_[i]->trace_info(traces_[i]).bytes;
+  return bytes;
+}
+
+void TracerCore::check_capture_input(const TreePath& path, const Tensor& tensor) const {
+  if (tensor.is_null()) throw_tree_error(path, "is a null tensor");
+  if (tensor.on_host()) {
+    if (devices_.size() == 1) return;
+    throw_tree_error(path, fmt::format("is a host tensor; a tracer over several devices ({}) "
+                                       "needs its inputs on a device",
+                                       device_names(devices_)));
+  }
+  const Device* device = tensor.device();
+  if (device == nullptr) throw_tree_error(path, "lives on a device that was closed");
+  if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
+    throw_tree_error(path, fmt::format("is on {}, which is not a device of tracer '{}' ({})",
+                                       device->name(), options_.name, device_names(devices_)));
+  }
+}
+
+Tensor TracerCore::place_capture_input(const Tensor& tensor, QueueId queue) const {
+  if (tensor.on_device()) return tensor;
+  return tensor.to_device(*devices_.front(), queue, Blocking::no);
+}
+
+void TracerCore::check_output(const TreePath& path, const Tensor& tensor) const {
+  if (tensor.is_null()) throw_tree_error(path, "is a null tensor");
+  if (tensor.on_host()) {
+    throw_tree_error(path, "is a host tensor; a traced function must return device tensors");
+  }
+  const Device* device = tensor.device();
+  if (device == nullptr ||
+      std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
+    throw_tree_error(path, fmt::format("is on {}, which is not a device of tracer '{}'",
+                                       device ? device->name() : "a closed device",
+                                       options_.name));
+  }
+}
+
+void TracerCore::check_replay_input(const TreePath& path, const Tensor& slot,
+                                    const Tensor& incoming) const {
+  if (incoming.is_null()) throw_tree_error(path, "is a null tensor");
+  if (!(incoming.shape() == slot.shape())) [[unlikely]] {
+    throw_tree_error(path, fmt::format("shape {} does not match the captured shape {}",
+                                       incoming.shape(), slot.shape()));
+  }
+  if (incoming.dtype() != slot.dtype()) [[unlikely]] {
+    throw_tree_error(path, fmt::format("dtype {} does not match the captured dtype {}",
+                                       incoming.dtype(), slot.dtype()));
+  }
+  if (incoming.layout() != slot.layout()) [[unlikely]] {
+    throw_tree_error(path, fmt::format("layout {} does not match the captured layout {}",
+                                       incoming.layout(), slot.layout()));
+  }
+  if (incoming.on_device() && incoming.device() != slot.device()) [[unlikely]] {
+    throw_tree_error(path, fmt::format("is on {}, but the captured input is on {}",
+                                       incoming.device() ? incoming.device()->name()
+                                                         : "a closed device",
+                                       slot.device()->name()));
+  }
+}
+
+void TracerCore::refresh(Tensor& slot, const Tensor& incoming, QueueId queue) {
+  if (incoming.on_device() && incoming.address() == slot.address()) {
+    ++counters_.copies_skipped;
+    return;
+  }
+  if (incoming.on_host()) {
+    slot.device()->write(queue, *slot.buffer(), 0, incoming.host_bytes(), Blocking::no);
+  } else {
+    ops::copy(incoming, slot, queue);
+  }
+  ++counters_.copies;
+  counters_.bytes_refreshed += slot.nbytes();
+}
+
+void TracerCore::start_call() noexcept {
+  counters_.bytes_refreshed = 0;
+  counters_.copies = 0;
+  counters_.copies_skipped = 0;
+}
+
+void TracerCore::begin_capture(QueueId queue) {
+  RETRACE_CHECK(state_ != TracerState::capturing, failed_precondition,
+                "tracer '{}' was called while it is capturing (a re-entrant call from inside the "
+                "traced function?)",
+                options_.name);
+  state_ = TracerState::capturing;
+  traces_.clear();
+  begun_ = 0;
+  try {
+    for (Device* device : devices_) {
+      device->begin_trace_capture(queue);
+      ++begun_;
+    }
+  } catch (...) {
+    abort_capture(queue);
+    throw;
+  }
+}
+
+void TracerCore::end_capture(QueueId queue) {
+  for (std::size_t i = traces_.size(); i < devices_.size(); ++i) {
+    traces_.push_back(devices_[i]->end_trace_capture(queue));
+  }
+}
+
+void TracerCore::abort_capture(QueueId queue) noexcept {
+  for (std::size_t i = 0; i < begun_; ++i) {
+    try {
+      const TraceId trace =
+          i < traces_.size() ? traces_[i] : devices_[i]->end_trace_capture(queue);
+      devices_[i]->release_trace(trace);
+    } catch (const std::exception& e) {
+      log(LogLevel::error, "tracer '{}': could not release a partial trace on {}: {}",
+          options_.name, devices_[i]->name(), e.what());
+    }
+  }
+  traces_.clear();
+  begun_ = 0;
+  state_ = TracerState::idle;
+  log(LogLevel::debug, "tracer '{}': capture abandoned, partial traces released", options_.name);
+}
+
+void TracerCore::mark_captured() noexcept {
+  state_ = TracerState::captured;
+  ++counters_.captures;
+  if (log_level() <= LogLevel::debug) {
+    std::vector<std::string> parts;
+    for (std::size_t i = 0; i < traces_.size(); ++i) {
+      const TraceInfo info = devices_[i]->trace_info(traces_[i]);
+      parts.push_back(fmt::format("trace {} on {} ({} commands, {} bytes)", traces_[i],
+                                  devices_[i]->name(), info.commands, info.bytes));
+    }
+    log(LogLevel::debug, "tracer '{}': captured {}", options_.name, fmt::join(parts, ", "));
+  }
+}
+
+void TracerCore::execute(const CallOptions& options) {
+  Blocking blocking = options.blocking;
+  if (devices_.size() > 1 && blocking == Blocking::yes) {
+    blocking = Blocking::no;
+    if (!warned_blocking_) {
+      warned_blocking_ = true;
+      log(LogLevel::warning,
+          "tracer '{}': blocking execution is not supported with several devices; replaying "
+          "without blocking (synchronize the devices before reading outputs)",
+          options_.name);
+    }
+  }
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    devices_[i]->execute_trace(traces_[i], options.queue, blocking);
+  }
+}
+
+void TracerCore::require_function(bool has_function, std::string_view what) const {
+  RETRACE_CHECK(has_function, failed_precondition,
+                "tracer '{}' cannot {}: the function was released with release_function()",
+                options_.name, what);
+}
+
+void TracerCore::require_untraced_allowed(bool has_function) const {
+  RETRACE_CHECK(state_ != TracerState::captured, failed_precondition,
+                "untraced call of tracer '{}' is not allowed after a trace was captured; make a "
+                "traced call, or call release_trace() first",
+                options_.name);
+  require_function(has_function, "run untraced");
+}
+
+void TracerCore::require_captured(std::string_view what) const {
+  RETRACE_CHECK(state_ == TracerState::captured, failed_precondition,
+                "{}: tracer '{}' has no captured trace; make a traced call first", what,
+                options_.name);
+}
+
+bool TracerCore::release() noexcept {
+  if (state_ != TracerState::captured) return false;
+  for (std::size_t i = 0; i < traces_.size(); ++i) {
+    if (links_[i]->device.load() == nullptr) continue;  // the device closed and freed it
+    try {
+      devices_[i]->release_trace(traces_[i]);
+    } catch (const std::exception& e) {
+      log(LogLevel::error, "tracer '{}': releasing trace {} on {} failed: {}", options_.name,
+          traces_[i], devices_[i]->name(), e.what());
+    }
+  }
+  log(LogLevel::debug, "tracer '{}': released {} trace(s)", options_.name, traces_.size());
+  traces_.clear();
+  state_ = TracerState::idle;
+  return true;
+}
+
+}  // namespace retrace::detail
