@@ -13,9 +13,11 @@
 //
 // Public methods check their arguments and the device state, then call a protected hook that
 // the backend implements. Rules every backend follows:
-//  - While a capture is in progress on any queue of a device, host reads and writes,
-//    synchronize and events are capture violations; the capture stays open and the device
-//    usable. One capture per device at a time.
+//  - Captures are thread-local. On the capturing thread, host reads and writes, synchronize and
+//    events are capture violations while the capture is in progress; the capture stays open and
+//    the device usable. Other threads may keep using the device's other queues (their
+//    allocations never come from the trace's pool), but not the capturing queue. One capture per
+//    device at a time.
 //  - Buffers allocated during a capture belong to the trace's private pool: they stay reserved
 //    until the trace is released (and, if a handle to one is still held then, until that handle
 //    is dropped), so nothing allocated later can alias memory a replay writes.
@@ -40,6 +42,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -194,8 +197,10 @@ class Device {
   [[nodiscard]] std::vector<TraceId> live_traces() const;
   [[nodiscard]] bool is_capturing() const noexcept { return capturing_.load(); }
   [[nodiscard]] std::optional<TraceId> capturing_trace(QueueId queue) const;
-  // Throws a capture violation naming `what` and the capture in progress, if there is one.
+  // Throws a capture violation naming `what` if this thread is capturing on this device.
   void check_not_capturing(std::string_view what) const;
+  // The same, and also if another thread is capturing on `queue`.
+  void check_queue_not_capturing(QueueId queue, std::string_view what) const;
 
   [[nodiscard]] DeviceStats stats() const;
 
@@ -245,6 +250,7 @@ class Device {
   std::atomic<bool> capturing_{false};
   std::optional<QueueId> capture_queue_;
   TraceId capture_trace_{};
+  std::thread::id capture_thread_;
   std::uint64_t next_trace_id_ = 1;
   std::unordered_map<std::uint64_t, std::shared_ptr<TraceBase>> traces_;
 };

@@ -53,6 +53,9 @@ struct TracerOptions {
   bool prep_run = true;           // run the function once on the inputs before capturing
   bool clone_prep_inputs = true;  // ... on clones, so the real inputs stay untouched
   std::string name = "tracer";    // used in log lines and error messages
+  // Position of each argument in the caller's parameter list, for error paths ("args[2]") when
+  // a wrapper passes only some of its parameters to the tracer. Empty: 0, 1, 2, ...
+  std::vector<std::size_t> argument_positions{};
 };
 
 struct CallOptions {
@@ -202,11 +205,24 @@ class Tracer {
   void release_function() noexcept { function_.reset(); }
 
  private:
+  [[nodiscard]] std::size_t position(std::size_t i) const noexcept {
+    const auto& positions = core_.options().argument_positions;
+    return i < positions.size() ? positions[i] : i;
+  }
+
   template <class F>
   void for_each_input(F&& f, Inputs& slots, const Args&... incoming) {
     const TreePath root = TreePath::root("args", "input");
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (visit_leaves(f, root.at(I), std::get<I>(slots), incoming), ...);
+      (visit_leaves(f, root.at(position(I)), std::get<I>(slots), incoming), ...);
+    }(std::index_sequence_for<Args...>{});
+  }
+
+  template <class F>
+  void for_each_argument(F&& f, Inputs& inputs) {
+    const TreePath root = TreePath::root("args", "input");
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (visit_leaves(f, root.at(position(I)), std::get<I>(inputs)), ...);
     }(std::index_sequence_for<Args...>{});
   }
 
@@ -220,20 +236,20 @@ class Tracer {
     core_.require_function(function_.has_value(), "capture a trace");
     Inputs inputs(args...);
     // Check every leaf before anything moves to a device.
-    for_each_leaf(
+    for_each_argument(
         [&](const TreePath& path, auto& leaf) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
             core_.check_capture_input(path, leaf);
           }
         },
-        inputs, "args", "input");
-    for_each_leaf(
+        inputs);
+    for_each_argument(
         [&](const TreePath&, auto& leaf) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
             leaf = core_.place_capture_input(leaf, options.queue);
           }
         },
-        inputs, "args", "input");
+        inputs);
     if (core_.options().prep_run) prep_run(inputs, options.queue);
 
     core_.begin_capture(options.queue);
@@ -302,13 +318,13 @@ class Tracer {
       return;
     }
     Inputs clones = inputs;
-    for_each_leaf(
+    for_each_argument(
         [&](const TreePath&, auto& leaf) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
             leaf = leaf.clone(queue);
           }
         },
-        clones, "args", "input");
+        clones);
     (void)invoke_on(clones);
   }
 

@@ -155,6 +155,39 @@ void check_same_keys(const TreePath& path, const Map& a, const Maps&... others) 
 
 }  // namespace detail
 
+namespace detail {
+template <class T>
+constexpr bool tree_type_value();
+}  // namespace detail
+
+// True when T (cv-ref stripped) can be part of a tree, checked recursively.
+template <class T>
+inline constexpr bool is_tree_v = detail::tree_type_value<std::remove_cvref_t<T>>();
+
+namespace detail {
+template <class T>
+constexpr bool tree_type_value() {
+  if constexpr (Leaf<T>) {
+    return true;
+  } else if constexpr (IsVector<T>::value || IsArray<T>::value || IsOptional<T>::value) {
+    return tree_type_value<std::remove_cvref_t<typename T::value_type>>();
+  } else if constexpr (IsStringMap<T>::value) {
+    return tree_type_value<std::remove_cvref_t<typename T::mapped_type>>();
+  } else if constexpr (IsTupleLike<T>::value) {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (tree_type_value<std::remove_cvref_t<std::tuple_element_t<I, T>>>() && ...);
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  } else if constexpr (FieldStruct<T>) {
+    using Fields = decltype(retrace_tie(std::declval<T&>()));
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (tree_type_value<std::remove_cvref_t<std::tuple_element_t<I, Fields>>>() && ...);
+    }(std::make_index_sequence<std::tuple_size_v<Fields>>{});
+  } else {
+    return false;
+  }
+}
+}  // namespace detail
+
 template <class F, class T, class... Ts>
 void visit_leaves(F&& f, const TreePath& path, T& a, Ts&... others);
 

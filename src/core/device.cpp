@@ -3,6 +3,7 @@
 #include "retrace/error.hpp"
 
 #include <algorithm>
+#include <thread>
 
 namespace retrace {
 
@@ -74,10 +75,21 @@ void Device::check_queue(QueueId queue, std::string_view what) const {
 void Device::check_not_capturing(std::string_view what) const {
   if (!capturing_.load()) [[likely]] return;
   std::lock_guard lock(mutex_);
-  RETRACE_CHECK(!capture_queue_, capture_violation,
+  RETRACE_CHECK(!capture_queue_ || capture_thread_ != std::this_thread::get_id(),
+                capture_violation,
                 "{} is not allowed while {} is capturing trace {}; end the capture with "
                 "end_trace_capture first",
                 what, queue_label(*capture_queue_), capture_trace_);
+}
+
+void Device::check_queue_not_capturing(QueueId queue, std::string_view what) const {
+  if (!capturing_.load()) [[likely]] return;
+  check_not_capturing(what);
+  std::lock_guard lock(mutex_);
+  RETRACE_CHECK(!capture_queue_ || *capture_queue_ != queue, capture_violation,
+                "{} on {} is not allowed from another thread while that queue is capturing "
+                "trace {} (captures are thread-local); use another queue",
+                what, queue_label(queue), capture_trace_);
 }
 
 void Device::check_own_buffer(const Buffer& buffer, std::string_view what) const {
@@ -102,8 +114,9 @@ std::shared_ptr<TraceBase> Device::find_trace(TraceId trace, std::string_view wh
 std::shared_ptr<Buffer> Device::allocate(std::size_t bytes) {
   std::optional<TraceId> capture;
   if (capturing_.load()) {
+    // Only the capturing thread allocates from the trace's pool.
     std::lock_guard lock(mutex_);
-    if (capture_queue_) capture = capture_trace_;
+    if (capture_queue_ && capture_thread_ == std::this_thread::get_id()) capture = capture_trace_;
   }
   return std::make_shared<Buffer>(link_, do_allocate(bytes, capture));
 }
@@ -111,7 +124,7 @@ std::shared_ptr<Buffer> Device::allocate(std::size_t bytes) {
 void Device::write(QueueId queue, const Buffer& dst, std::size_t offset,
                    std::span<const std::byte> src, Blocking blocking) {
   check_queue(queue, "write");
-  check_not_capturing("writing host data to the device");
+  check_queue_not_capturing(queue, "writing host data to the device");
   check_own_buffer(dst, "write");
   RETRACE_CHECK(offset <= dst.size() && src.size() <= dst.size() - offset, invalid_argument,
                 "write: {} bytes at offset {} do not fit the {}-byte buffer at 0x{:x} on {}",
@@ -121,7 +134,7 @@ void Device::write(QueueId queue, const Buffer& dst, std::size_t offset,
 
 void Device::read(QueueId queue, const Buffer& src, std::size_t offset, std::span<std::byte> dst) {
   check_queue(queue, "read");
-  check_not_capturing("reading a device buffer to the host");
+  check_queue_not_capturing(queue, "reading a device buffer to the host");
   check_own_buffer(src, "read");
   RETRACE_CHECK(offset <= src.size() && dst.size() <= src.size() - offset, invalid_argument,
                 "read: {} bytes at offset {} exceed the {}-byte buffer at 0x{:x} on {}",
@@ -135,20 +148,31 @@ void Device::enqueue(QueueId queue, const KernelLaunch& launch) {
                 "{}: kernel parameters of {} bytes exceed the limit of {}", launch.op,
                 launch.params_size, kMaxKernelParamsBytes);
   for (const Buffer* buffer : launch.buffers) check_own_buffer(*buffer, launch.op);
+  if (capturing_.load()) [[unlikely]] {
+    std::lock_guard lock(mutex_);
+    RETRACE_CHECK(!capture_queue_ || *capture_queue_ != queue ||
+                      capture_thread_ == std::this_thread::get_id(),
+                  capture_violation,
+                  "{}: enqueueing on {} from another thread while that queue is capturing trace "
+                  "{} is not allowed (captures are thread-local); use another queue",
+                  launch.op, queue_label(queue), capture_trace_);
+  }
   do_enqueue(queue, launch);
 }
 
 void Device::synchronize(QueueId queue) {
   check_queue(queue, "synchronize");
-  check_not_capturing("synchronize");
+  check_queue_not_capturing(queue, "synchronize");
   do_synchronize(queue);
 }
 
 void Device::synchronize() {
   check_not_capturing("synchronize");
-  // Wait for every queue before reporting the first failure, so nothing is left running.
+  // Wait for every queue before reporting the first failure, so nothing is left running. Another
+  // thread's capture in progress is skipped: its queue is recording, not running.
   std::optional<Error> first;
   for (std::uint32_t q = 0; q < num_queues_; ++q) {
+    if (capturing_trace(QueueId{q})) continue;
     try {
       do_synchronize(QueueId{q});
     } catch (const Error& e) {
@@ -160,13 +184,13 @@ void Device::synchronize() {
 
 Event Device::record_event(QueueId queue) {
   check_queue(queue, "record_event");
-  check_not_capturing("recording an event");
+  check_queue_not_capturing(queue, "recording an event");
   return Event(do_record_event(queue), link_, queue);
 }
 
 void Device::wait_event(QueueId queue, const Event& event) {
   check_queue(queue, "wait_event");
-  check_not_capturing("waiting on an event");
+  check_queue_not_capturing(queue, "waiting on an event");
   RETRACE_CHECK(event.valid(), invalid_argument, "wait_event: the event was never recorded");
   RETRACE_CHECK(event.device() == this, invalid_argument,
                 "wait_event: the event was recorded on {}, not {}",
@@ -193,6 +217,7 @@ void Device::begin_trace_capture(QueueId queue) {
   do_begin_capture(queue, trace);
   capture_queue_ = queue;
   capture_trace_ = trace;
+  capture_thread_ = std::this_thread::get_id();
   capturing_.store(true);
 }
 

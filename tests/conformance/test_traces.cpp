@@ -3,6 +3,7 @@
 #include "support.hpp"
 
 #include <functional>
+#include <thread>
 
 namespace retrace::conformance {
 namespace {
@@ -129,6 +130,34 @@ TEST_P(DeviceConformance, CaptureStateMachineErrorsNameTheState) {
   EXPECT_NO_THROW(device().execute_trace(trace, q0, Blocking::no));  // another queue may
   (void)device().end_trace_capture(q1);
   device().synchronize();
+}
+
+TEST_P(DeviceConformance, CapturesAreThreadLocal) {
+  Tensor x = ops::full({64}, 1.0, device(), DType::float32, Layout::row_major, q1);
+  device().synchronize();
+  device().begin_trace_capture(q0);
+  const TraceId capturing = *device().capturing_trace(q0);
+  std::thread other([&] {
+    // Other queues keep working, with ordinary memory.
+    Tensor y = ops::add(x, 1.0, q1);
+    EXPECT_EQ(y.buffer()->trace(), std::nullopt);
+    EXPECT_EQ(y.to_vector<float>(q1), std::vector<float>(64, 2.0f));
+    device().synchronize();  // skips the capturing queue
+    // The capturing queue is off limits.
+    EXPECT_RETRACE_ERROR((void)ops::add(x, 1.0, q0), capture_violation,
+                         fmt::format("from another thread while that queue is capturing trace {}",
+                                     capturing));
+    EXPECT_RETRACE_ERROR(device().synchronize(q0), capture_violation,
+                         "synchronize on queue 0 of cpu:0 is not allowed from another thread");
+  });
+  other.join();
+  Tensor z = ops::add(x, 5.0);
+  EXPECT_EQ(z.buffer()->trace(), capturing);
+  const TraceId trace = device().end_trace_capture(q0);
+  EXPECT_EQ(device().trace_info(trace).commands, 1u);
+  device().execute_trace(trace, q0, Blocking::yes);
+  EXPECT_EQ(z.to_vector<float>(), std::vector<float>(64, 6.0f));
+  device().release_trace(trace);
 }
 
 TEST_P(DeviceConformance, TraceMemoryIsPrivateUntilRelease) {

@@ -1,0 +1,93 @@
+#include "retrace/traced_function.hpp"
+
+#include <algorithm>
+
+namespace retrace {
+
+TraceOwner::~TraceOwner() {
+  decltype(releases_) releases;
+  {
+    std::lock_guard lock(mutex_);
+    releases.swap(releases_);
+  }
+  for (auto& [cache, release] : releases) {
+    if (!cache.expired()) release(this);
+  }
+}
+
+void TraceOwner::on_destroy(std::weak_ptr<void> cache,
+                            std::function<void(const TraceOwner*)> release) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(releases_, [](const auto& entry) { return entry.first.expired(); });
+  releases_.emplace_back(std::move(cache), std::move(release));
+}
+
+namespace detail {
+
+std::size_t CacheKeyHash::operator()(const CacheKey& key) const noexcept {
+  std::size_t seed = std::hash<const void*>{}(key.owner);
+  auto combine = [&](std::size_t v) { seed ^= v + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2); };
+  for (std::uintptr_t b : key.bound) combine(std::hash<std::uintptr_t>{}(b));
+  combine(std::hash<std::string>{}(key.key));
+  if (key.signature) combine(key.signature->hash);
+  return seed;
+}
+
+std::string CacheBook::explain(const CacheKey& key, const std::vector<const CacheKey*>& live,
+                               const std::function<std::string(std::size_t)>& path_of) const {
+  if (live.empty()) return "first traced call";
+  std::vector<const CacheKey*> same_context;
+  for (const CacheKey* k : live) {
+    if (k->owner == key.owner && k->bound == key.bound) same_context.push_back(k);
+  }
+  if (same_context.empty()) {
+    return key.owner != nullptr ? "first traced call for this object"
+                                : "new device or bound arguments (traces are chosen by their "
+                                  "identity)";
+  }
+  std::vector<const CacheKey*> same_key;
+  for (const CacheKey* k : same_context) {
+    if (k->key == key.key) same_key.push_back(k);
+  }
+  if (same_key.empty()) return fmt::format("new trace key \"{}\"", key.key);
+  if (!key.signature) return "the previous trace was released";
+  // Automatic keys: name the first leaf that differs from the nearest existing signature.
+  const InputSignature& wanted = *key.signature;
+  const InputSignature* nearest = nullptr;
+  for (const CacheKey* k : same_key) {
+    if (!k->signature) continue;
+    if (nearest == nullptr ||
+        k->signature->matching_leaves(wanted) > nearest->matching_leaves(wanted)) {
+      nearest = &*k->signature;
+    }
+  }
+  if (nearest == nullptr) return "new input signature";
+  for (std::size_t i = 0; i < wanted.leaves.size() && i < nearest->leaves.size(); ++i) {
+    if (wanted.leaves[i] == nearest->leaves[i]) continue;
+    return fmt::format("new input signature: input {} is {}, the nearest trace has {}",
+                       path_of(i), wanted.leaves[i].describe(), nearest->leaves[i].describe());
+  }
+  return fmt::format("new input signature: the input has {} leaves, the nearest trace {} (a "
+                     "container changed size or keys)",
+                     wanted.leaves.size(), nearest->leaves.size());
+}
+
+void CacheBook::note_call(bool captured) {
+  constexpr std::size_t kWindow = 10;
+  constexpr std::size_t kLimit = 5;
+  recent_.push_back(captured);
+  if (recent_.size() > kWindow) recent_.pop_front();
+  ++calls_since_warning_;
+  const auto captures = static_cast<std::size_t>(std::count(recent_.begin(), recent_.end(), true));
+  if (recent_.size() == kWindow && captures > kLimit && calls_since_warning_ >= kWindow) {
+    calls_since_warning_ = 0;
+    log(LogLevel::warning,
+        "{}: {} of the last {} calls captured a new trace; traces are not being reused (do "
+        "shapes or scalar arguments keep changing? use a trace key per shape, or pass changing "
+        "values as tensors)",
+        options_.name, captures, kWindow);
+  }
+}
+
+}  // namespace detail
+}  // namespace retrace
