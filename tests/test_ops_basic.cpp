@@ -86,7 +86,7 @@ TEST_F(BasicOpsTest, ArgumentErrorsNameTheOpAndArgument) {
                        "add: b is a host tensor; move it to a device with to_device() first");
   EXPECT_RETRACE_ERROR((void)ops::mul(a, Tensor()), invalid_argument, "mul: b is a null tensor");
   EXPECT_RETRACE_ERROR((void)ops::add(a, ops::full({3, 2}, 1.0, device())), invalid_argument,
-                       "add: a has shape [2, 3] but b has [3, 2]");
+                       "add: shapes [2, 3] and [3, 2] do not broadcast (axis -2: 2 vs 3)");
   EXPECT_RETRACE_ERROR((void)ops::add(a, ops::full({2, 3}, 1.0, device(), DType::bfloat16)),
                        invalid_argument, "add: a has dtype float32 but b has bfloat16");
   EXPECT_RETRACE_ERROR(
@@ -98,7 +98,8 @@ TEST_F(BasicOpsTest, ArgumentErrorsNameTheOpAndArgument) {
   EXPECT_RETRACE_ERROR((void)ops::mul(a, ops::full({2, 3}, 1.0, *other)), invalid_argument,
                        "mul: a is on cpu:0 but b is on cpu:1");
   EXPECT_RETRACE_ERROR(ops::add(a, a, ops::full({6}, 0.0, device())), invalid_argument,
-                       "add: a has shape [2, 3] but out has [6]");
+                       "add: out is [6] float32 row_major but the result is [2, 3] float32 "
+                       "row_major");
   EXPECT_RETRACE_ERROR(ops::assert_finite(ops::full({2}, 1.0, device(), DType::int32)),
                        invalid_argument, "assert_finite: tensor has dtype int32");
 }

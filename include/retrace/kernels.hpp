@@ -20,19 +20,35 @@ namespace retrace {
 class Buffer;
 
 enum class KernelId : std::uint16_t {
-  fill,           // FillParams
-  copy,           // CopyParams
-  binary,         // BinaryParams
-  binary_scalar,  // BinaryScalarParams
-  assert_finite,  // AssertFiniteParams
+  fill,            // FillParams
+  copy,            // CopyParams
+  binary,          // BinaryParams
+  binary_scalar,   // BinaryScalarParams
+  assert_finite,   // AssertFiniteParams
+  unary,           // UnaryParams
+  reduce,          // ReduceParams
+  softmax,         // SoftmaxParams
+  norm,            // NormParams
+  matmul,          // MatmulParams
+  strided_copy,    // StridedCopyParams
+  typecast,        // TypecastParams
+  tilize,          // TilizeParams
+  attention,       // AttentionParams
   count_,
 };
 
 [[nodiscard]] std::string_view kernel_name(KernelId id) noexcept;
 
 inline constexpr std::size_t kMaxKernelParamsBytes = 240;
+// Iteration spaces handed to kernels are collapsed to at most this many dimensions.
+inline constexpr int kMaxKernelRank = 6;
+inline constexpr int kMaxBatchRank = 4;
 
-enum class BinaryOp : std::uint8_t { add, mul };
+enum class BinaryOp : std::uint8_t { add, sub, mul, div, maximum, minimum };
+enum class UnaryOp : std::uint8_t {
+  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh
+};
+enum class ReduceOp : std::uint8_t { sum, mean, max };
 
 struct FillParams {
   void* out;
@@ -47,11 +63,16 @@ struct CopyParams {
   std::int64_t bytes;
 };
 
+// out[i] = a[ia] op b[ib] over a (collapsed) broadcast iteration space; strides in elements,
+// 0 along broadcast dimensions. out is contiguous.
 struct BinaryParams {
   const void* a;
   const void* b;
   void* out;
-  std::int64_t count;
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t a_strides[kMaxKernelRank];
+  std::int64_t b_strides[kMaxKernelRank];
+  std::int32_t rank;
   DType dtype;
   BinaryOp op;
 };
@@ -69,6 +90,110 @@ struct BinaryScalarParams {
 struct AssertFiniteParams {
   const void* data;
   std::int64_t count;
+  DType dtype;
+};
+
+struct UnaryParams {
+  const void* a;
+  void* out;
+  std::int64_t count;
+  DType dtype;
+  UnaryOp op;
+};
+
+// Reduces each row of `cols` elements to one.
+struct ReduceParams {
+  const void* a;
+  void* out;
+  std::int64_t rows;
+  std::int64_t cols;
+  DType dtype;
+  ReduceOp op;
+};
+
+struct SoftmaxParams {
+  const void* a;
+  void* out;
+  std::int64_t rows;
+  std::int64_t cols;
+  DType dtype;
+};
+
+// layer_norm (rms == false): (x - mean) / sqrt(var + eps) * weight + bias;
+// rms_norm (rms == true): x / sqrt(mean(x^2) + eps) * weight. weight and bias may be null.
+struct NormParams {
+  const void* a;
+  const void* weight;
+  const void* bias;
+  void* out;
+  std::int64_t rows;
+  std::int64_t cols;
+  float eps;
+  DType dtype;
+  bool rms;
+};
+
+// out[batch] = alpha * op(a[batch]) * op(b[batch]) (+ bias along N), row-major matrices.
+// Batch offsets (elements) come from the batch index and per-operand batch strides (0 where an
+// operand is broadcast); out is contiguous.
+struct MatmulParams {
+  const void* a;
+  const void* b;
+  const void* bias;  // [N] or null
+  void* out;
+  std::int64_t m, n, k;
+  std::int64_t batch_shape[kMaxBatchRank];
+  std::int64_t a_batch_strides[kMaxBatchRank];
+  std::int64_t b_batch_strides[kMaxBatchRank];
+  std::int32_t batch_rank;
+  float alpha;
+  DType dtype;
+  bool trans_a;
+  bool trans_b;
+};
+
+// dst[idx . dst_strides] = src[idx . src_strides] over `shape` (elements of elem_size bytes).
+struct StridedCopyParams {
+  const void* src;
+  void* dst;
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t src_strides[kMaxKernelRank];
+  std::int64_t dst_strides[kMaxKernelRank];
+  std::int32_t rank;
+  std::int32_t elem_size;
+};
+
+struct TypecastParams {
+  const void* src;
+  void* dst;
+  std::int64_t count;
+  DType from;
+  DType to;
+};
+
+// Row-major [batch, rows, cols] <-> tile layout with padded rows/cols (padding written as 0).
+struct TilizeParams {
+  const void* src;
+  void* dst;
+  std::int64_t batch;
+  std::int64_t rows;
+  std::int64_t cols;
+  std::int32_t elem_size;
+  bool to_tile;
+};
+
+// out = softmax(q k^T * scale + mask) v per (batch, head); q [B,H,Sq,D], k [B,H,Sk,D],
+// v [B,H,Sk,Dv], mask broadcast to [B,H,Sq,Sk] with the given batch/head strides (elements).
+struct AttentionParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* mask;  // null: none
+  void* out;
+  std::int64_t batch, heads, sq, sk, d, dv;
+  std::int64_t mask_batch_stride;
+  std::int64_t mask_head_stride;
+  float scale;
   DType dtype;
 };
 

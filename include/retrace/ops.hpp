@@ -1,15 +1,25 @@
 // Device-neutral ops. Each op checks its inputs (null, host, device, dtype, layout, shape),
-// allocates its outputs on the inputs' device and enqueues a kernel on a queue (default 0).
-// Ops run eagerly or, inside a trace capture, are recorded for replay.
+// infers the output shape, allocates outputs on the inputs' device and enqueues a backend kernel
+// on a queue (default 0). Ops run eagerly or, inside a trace capture, are recorded for replay.
+// float32 and bfloat16 everywhere (bfloat16 storage, float32 arithmetic); int32/uint32 for
+// elementwise arithmetic and typecasts. Optional tensor arguments are "absent" when null.
 //
-//   auto y = retrace::ops::add(x, 1.0);       // x + 1, new tensor
-//   retrace::ops::mul(x, w, /*out=*/y);       // y = x * w, in place
-//   retrace::ops::copy(src, dst);             // dst <- src (device or host src)
+//   auto y = retrace::ops::add(x, bias);                      // numpy-style broadcasting
+//   auto h = retrace::ops::gelu(retrace::ops::linear(x, w1, b1));
+//   retrace::ops::mul(x, 0.5, /*out=*/x);                    // in place
+//   auto o = retrace::ops::scaled_dot_product_attention(q, k, v);
 #pragma once
 
 #include "retrace/tensor.hpp"
 
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
 namespace retrace::ops {
+
+// --- creation and copies ------------------------------------------------------------------------
 
 // A new device tensor with every element set to value.
 [[nodiscard]] Tensor full(const Shape& shape, double value, Device& device,
@@ -21,18 +31,106 @@ void fill(const Tensor& tensor, double value, QueueId queue = kDefaultQueue);
 // host write (not allowed during a capture). Shapes, dtypes and layouts must match.
 void copy(const Tensor& src, const Tensor& dst, QueueId queue = kDefaultQueue);
 
-[[nodiscard]] Tensor add(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue);
-[[nodiscard]] Tensor add(const Tensor& a, double b, QueueId queue = kDefaultQueue);
-[[nodiscard]] Tensor mul(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue);
-[[nodiscard]] Tensor mul(const Tensor& a, double b, QueueId queue = kDefaultQueue);
-// out= forms: write into an existing tensor of the result's shape, dtype and layout.
-void add(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue = kDefaultQueue);
-void add(const Tensor& a, double b, const Tensor& out, QueueId queue = kDefaultQueue);
-void mul(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue = kDefaultQueue);
-void mul(const Tensor& a, double b, const Tensor& out, QueueId queue = kDefaultQueue);
-
 // Device-side check: a NaN or infinity in `tensor` fails the queue with a sticky device error
 // naming this op, reported at the next synchronize, replay or read.
 void assert_finite(const Tensor& tensor, QueueId queue = kDefaultQueue);
+
+// --- elementwise --------------------------------------------------------------------------------
+
+// Binary ops broadcast numpy-style; operands share dtype and layout (tile layout: equal shapes).
+// The out= forms write into an existing tensor of the result's shape, dtype and layout (it may
+// be one of the inputs).
+#define RETRACE_DECLARE_BINARY(name)                                                        \
+  [[nodiscard]] Tensor name(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue); \
+  [[nodiscard]] Tensor name(const Tensor& a, double b, QueueId queue = kDefaultQueue);      \
+  void name(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue = kDefaultQueue); \
+  void name(const Tensor& a, double b, const Tensor& out, QueueId queue = kDefaultQueue);
+RETRACE_DECLARE_BINARY(add)
+RETRACE_DECLARE_BINARY(sub)
+RETRACE_DECLARE_BINARY(mul)
+RETRACE_DECLARE_BINARY(div)
+RETRACE_DECLARE_BINARY(maximum)
+RETRACE_DECLARE_BINARY(minimum)
+#undef RETRACE_DECLARE_BINARY
+
+// Unary ops (float32, bfloat16).
+#define RETRACE_DECLARE_UNARY(name)                                                  \
+  [[nodiscard]] Tensor name(const Tensor& a, QueueId queue = kDefaultQueue);         \
+  void name(const Tensor& a, const Tensor& out, QueueId queue = kDefaultQueue);
+RETRACE_DECLARE_UNARY(neg)
+RETRACE_DECLARE_UNARY(abs)
+RETRACE_DECLARE_UNARY(exp)
+RETRACE_DECLARE_UNARY(log)
+RETRACE_DECLARE_UNARY(sqrt)
+RETRACE_DECLARE_UNARY(rsqrt)
+RETRACE_DECLARE_UNARY(tanh)
+RETRACE_DECLARE_UNARY(sigmoid)
+RETRACE_DECLARE_UNARY(relu)
+RETRACE_DECLARE_UNARY(silu)
+RETRACE_DECLARE_UNARY(gelu)       // exact (erf) form
+RETRACE_DECLARE_UNARY(gelu_tanh)  // tanh approximation
+#undef RETRACE_DECLARE_UNARY
+
+// --- reductions and normalisations over the last dimension (row-major) ---------------------------
+
+enum class KeepDim : bool { no = false, yes = true };
+[[nodiscard]] Tensor sum(const Tensor& a, KeepDim keepdim = KeepDim::no,
+                         QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor mean(const Tensor& a, KeepDim keepdim = KeepDim::no,
+                          QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor max(const Tensor& a, KeepDim keepdim = KeepDim::no,
+                         QueueId queue = kDefaultQueue);
+// Numerically stable (subtracts the row maximum).
+[[nodiscard]] Tensor softmax(const Tensor& a, QueueId queue = kDefaultQueue);
+// weight and bias: [last dim] or null.
+[[nodiscard]] Tensor layer_norm(const Tensor& a, const Tensor& weight = {},
+                                const Tensor& bias = {}, double eps = 1e-5,
+                                QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor rms_norm(const Tensor& a, const Tensor& weight = {}, double eps = 1e-6,
+                              QueueId queue = kDefaultQueue);
+
+// --- matrix products ----------------------------------------------------------------------------
+
+enum class Transpose : bool { no = false, yes = true };
+// a [..., M, K] x b [..., K, N] -> [..., M, N]; batch dimensions broadcast; either operand may
+// be transposed in its last two dimensions.
+[[nodiscard]] Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a = Transpose::no,
+                            Transpose transpose_b = Transpose::no, QueueId queue = kDefaultQueue);
+// x [..., in] . weight[out, in]^T + bias[out] -> [..., out].
+[[nodiscard]] Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                            QueueId queue = kDefaultQueue);
+// softmax(q k^T * scale + mask) v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (or rank 3
+// without B); mask (optional, additive) broadcasts to [B, H, Sq, Sk]; scale defaults to
+// 1/sqrt(D).
+[[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,
+                                                  const Tensor& v, const Tensor& mask = {},
+                                                  std::optional<double> scale = std::nullopt,
+                                                  QueueId queue = kDefaultQueue);
+
+// --- shapes and layouts -------------------------------------------------------------------------
+
+// A view (same storage) for row-major tensors; one extent may be -1 (inferred).
+[[nodiscard]] Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape);
+[[nodiscard]] Tensor reshape(const Tensor& a, std::initializer_list<std::int64_t> shape);
+[[nodiscard]] Tensor permute(const Tensor& a, std::span<const std::int64_t> dims,
+                             QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor permute(const Tensor& a, std::initializer_list<std::int64_t> dims,
+                             QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor transpose(const Tensor& a, std::int64_t dim0, std::int64_t dim1,
+                               QueueId queue = kDefaultQueue);
+// Elements [start, end) with a step along one dimension (negative indices count from the end).
+[[nodiscard]] Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start,
+                           std::int64_t end, std::int64_t step = 1, QueueId queue = kDefaultQueue);
+// Pieces of the given sizes along dim (they must add up to its extent).
+[[nodiscard]] std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes,
+                                        std::int64_t dim, QueueId queue = kDefaultQueue);
+// `chunks` pieces of (nearly) equal size along dim, the last possibly smaller.
+[[nodiscard]] std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, std::int64_t dim,
+                                        QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor concat(std::span<const Tensor> tensors, std::int64_t dim,
+                            QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor typecast(const Tensor& a, DType dtype, QueueId queue = kDefaultQueue);
+// Row-major <-> tile (32x32, padded with zeros). The same layout returns `a` itself.
+[[nodiscard]] Tensor to_layout(const Tensor& a, Layout layout, QueueId queue = kDefaultQueue);
 
 }  // namespace retrace::ops

@@ -42,3 +42,88 @@ void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view 
 }
 
 }  // namespace retrace::ops::detail
+
+namespace retrace::ops::detail {
+
+std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<std::int64_t> strides(shape.rank());
+  std::int64_t s = 1;
+  for (std::size_t i = shape.rank(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape.dims()[i];
+  }
+  return strides;
+}
+
+std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view op) {
+  const auto r = static_cast<std::int64_t>(rank);
+  RETRACE_CHECK(dim >= -r && dim < r, invalid_argument,
+                "{}: dimension {} is out of range for a tensor of rank {}", op, dim, rank);
+  return dim < 0 ? dim + r : dim;
+}
+
+IterationSpace collapse(const std::vector<std::int64_t>& shape,
+                        const std::vector<std::vector<std::int64_t>>& strides) {
+  IterationSpace space;
+  space.strides.resize(strides.size());
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !space.shape.empty();
+    for (std::size_t o = 0; o < strides.size() && merge; ++o) {
+      merge = space.strides[o].back() == strides[o][d] * shape[d];
+    }
+    if (merge) {
+      space.shape.back() *= shape[d];
+      for (std::size_t o = 0; o < strides.size(); ++o) space.strides[o].back() = strides[o][d];
+      continue;
+    }
+    space.shape.push_back(shape[d]);
+    for (std::size_t o = 0; o < strides.size(); ++o) space.strides[o].push_back(strides[o][d]);
+  }
+  if (space.shape.empty()) {  // a single element
+    space.shape.push_back(1);
+    for (auto& s : space.strides) s.push_back(1);
+  }
+  return space;
+}
+
+void fill_space(const IterationSpace& space, std::int64_t* shape,
+                std::initializer_list<std::int64_t*> strides, std::int32_t& rank,
+                std::string_view op) {
+  RETRACE_CHECK(space.shape.size() <= static_cast<std::size_t>(kMaxKernelRank), invalid_argument,
+                "{}: the operands' layout needs {} dimensions after merging contiguous ones; "
+                "kernels take at most {}",
+                op, space.shape.size(), kMaxKernelRank);
+  rank = static_cast<std::int32_t>(space.shape.size());
+  std::size_t o = 0;
+  for (std::int64_t* out : strides) {
+    for (std::size_t d = 0; d < space.shape.size(); ++d) out[d] = space.strides[o][d];
+    ++o;
+  }
+  for (std::size_t d = 0; d < space.shape.size(); ++d) shape[d] = space.shape[d];
+}
+
+Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op) {
+  return Tensor::empty(shape, a.dtype(), device_of(a, op, "a"), a.layout());
+}
+
+}  // namespace retrace::ops::detail
+
+namespace retrace::ops::detail {
+void check_matches_except(const Tensor& a, const Tensor& b, std::size_t except,
+                          std::string_view op, std::string_view b_name) {
+  Device& db = device_of(b, op, b_name);
+  RETRACE_CHECK(&db == a.device(), invalid_argument, "{}: {} is on {} but the first is on {}", op,
+                b_name, db.name(), a.device()->name());
+  RETRACE_CHECK(b.dtype() == a.dtype() && b.layout() == a.layout(), invalid_argument,
+                "{}: {} is {} {} but the first is {} {}", op, b_name, b.dtype(), b.layout(),
+                a.dtype(), a.layout());
+  bool same = b.shape().rank() == a.shape().rank();
+  for (std::size_t i = 0; same && i < a.shape().rank(); ++i) {
+    same = i == except || a.shape().dims()[i] == b.shape().dims()[i];
+  }
+  RETRACE_CHECK(same, invalid_argument,
+                "{}: {} has shape {}, which differs from {} outside dimension {}", op, b_name,
+                b.shape(), a.shape(), except);
+}
+}  // namespace retrace::ops::detail

@@ -19,3 +19,42 @@ void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view 
                     std::initializer_list<DType> allowed);
 
 }  // namespace retrace::ops::detail
+
+#include <array>
+#include <vector>
+
+namespace retrace::ops::detail {
+
+// Row-major strides (in elements) of a shape.
+std::vector<std::int64_t> contiguous_strides(const Shape& shape);
+
+// Resolves a possibly negative dimension index; throws naming the op.
+std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view op);
+
+// An iteration space for kernels: extents and, per operand, strides in elements. Dimensions of
+// extent 1 are dropped and neighbours that are contiguous for every operand are merged, so the
+// result fits the kernels' rank limit in all practical cases.
+struct IterationSpace {
+  std::vector<std::int64_t> shape;
+  std::vector<std::vector<std::int64_t>> strides;  // one vector per operand
+};
+IterationSpace collapse(const std::vector<std::int64_t>& shape,
+                        const std::vector<std::vector<std::int64_t>>& strides);
+
+// Copies an iteration space into a kernel's fixed arrays (throws if it is too deep).
+void fill_space(const IterationSpace& space, std::int64_t* shape,
+                std::initializer_list<std::int64_t*> strides, std::int32_t& rank,
+                std::string_view op);
+
+// The allocating op: a new tensor of the given shape on a's device, a's dtype and layout.
+Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op);
+
+inline void* data_of(const Tensor& t) { return t.buffer()->data(); }
+
+}  // namespace retrace::ops::detail
+
+namespace retrace::ops::detail {
+// b must match a in device, dtype, layout and every extent but dimension `except`.
+void check_matches_except(const Tensor& a, const Tensor& b, std::size_t except,
+                          std::string_view op, std::string_view b_name);
+}  // namespace retrace::ops::detail

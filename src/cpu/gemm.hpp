@@ -1,0 +1,20 @@
+// Single-precision GEMM on the CPU, through Eigen or OpenBLAS (chosen by shape, measured in
+// bench/bench_ops.cpp: Eigen is faster on thin matrices, OpenBLAS on large squares).
+#pragma once
+
+#include <cstdint>
+
+namespace retrace::cpu {
+
+enum class GemmLibrary : std::uint8_t { automatic, eigen, openblas };
+
+// C[m, n] = alpha * op(A) * op(B) + beta * C, row-major. op(A) is A[m, k] or, transposed,
+// stored as [k, m]; likewise B[k, n] or [n, k].
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, const float* b, float beta, float* c,
+           GemmLibrary library = GemmLibrary::automatic);
+
+// Which library `automatic` picks for a shape.
+[[nodiscard]] GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
+
+}  // namespace retrace::cpu

@@ -1,0 +1,54 @@
+// Shared by the CPU kernel files: parameter access and the per-family resolvers.
+#pragma once
+
+#include "cpu/program.hpp"
+#include "retrace/bfloat16.hpp"
+#include "retrace/error.hpp"
+#include "retrace/kernels.hpp"
+
+#include <string_view>
+
+namespace retrace::cpu {
+
+template <class P>
+const P& params_as(const std::byte* params) {
+  return *reinterpret_cast<const P*>(params);
+}
+
+// Calls f(T{}) with the storage type of a dtype.
+template <class F>
+decltype(auto) with_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(float{});
+    case DType::bfloat16: return f(bfloat16{});
+    case DType::int32: return f(std::int32_t{});
+    case DType::uint32: return f(std::uint32_t{});
+    case DType::uint8: return f(std::uint8_t{});
+  }
+  return f(float{});
+}
+
+// The float32 or bfloat16 instantiation K<T>::run for p.dtype.
+template <template <class> class K, class P>
+KernelFn float_kernel(const P& p, std::string_view what) {
+  switch (p.dtype) {
+    case DType::float32: return [](const std::byte* raw) { K<float>::run(raw); };
+    case DType::bfloat16: return [](const std::byte* raw) { K<bfloat16>::run(raw); };
+    default: break;
+  }
+  RETRACE_FAIL(invalid_argument, "no CPU {} kernel for {}", what, p.dtype);
+}
+
+KernelFn resolve_binary(const BinaryParams& p);
+KernelFn resolve_binary_scalar(const BinaryScalarParams& p);
+KernelFn resolve_unary(const UnaryParams& p);
+KernelFn resolve_reduce(const ReduceParams& p);
+KernelFn resolve_softmax(const SoftmaxParams& p);
+KernelFn resolve_norm(const NormParams& p);
+KernelFn resolve_matmul(const MatmulParams& p);
+KernelFn resolve_attention(const AttentionParams& p);
+KernelFn resolve_strided_copy(const StridedCopyParams& p);
+KernelFn resolve_typecast(const TypecastParams& p);
+KernelFn resolve_tilize(const TilizeParams& p);
+
+}  // namespace retrace::cpu

@@ -1,0 +1,139 @@
+// Matmul and attention CPU kernels. float32 goes straight to sgemm; bfloat16 is converted to
+// float32 in per-thread scratch buffers, multiplied, and rounded once on the way out.
+#include "cpu/elementwise.hpp"
+#include "cpu/gemm.hpp"
+#include "cpu/kernels_internal.hpp"
+#include "cpu/parallel.hpp"
+#include "retrace/error.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace retrace::cpu {
+
+namespace {
+
+// Per-thread scratch that only grows: no allocation once warmed up (the prep run does that).
+float* scratch(int slot, std::int64_t elements) {
+  thread_local std::vector<float> buffers[4];
+  auto& buffer = buffers[slot];
+  if (static_cast<std::int64_t>(buffer.size()) < elements) {
+    buffer.resize(static_cast<std::size_t>(elements));
+  }
+  return buffer.data();
+}
+
+// A float32 view of n elements of T: the data itself for float, a converted copy otherwise.
+template <class T>
+const float* as_float(const T* data, std::int64_t n, int slot) {
+  if constexpr (std::is_same_v<T, float>) {
+    return data;
+  } else {
+    float* out = scratch(slot, n);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = Elem<T>::load(data, i);
+    return out;
+  }
+}
+
+template <class T>
+void store_from_float(const float* src, T* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) Elem<T>::store(dst, i, src[i]);
+}
+
+template <class T>
+void matmul_kernel(const std::byte* raw) {
+  const auto& p = params_as<MatmulParams>(raw);
+  std::int64_t batches = 1;
+  for (int d = 0; d < p.batch_rank; ++d) batches *= p.batch_shape[d];
+  const std::int64_t mn = p.m * p.n, mk = p.m * p.k, kn = p.k * p.n;
+  auto one = [&](std::int64_t batch, GemmLibrary library) {
+    std::int64_t a_off = 0, b_off = 0, rest = batch;
+    for (int d = p.batch_rank - 1; d >= 0; --d) {
+      const std::int64_t i = rest % p.batch_shape[d];
+      rest /= p.batch_shape[d];
+      a_off += i * p.a_batch_strides[d];
+      b_off += i * p.b_batch_strides[d];
+    }
+    const float* a = as_float(static_cast<const T*>(p.a) + a_off, mk, 0);
+    const float* b = as_float(static_cast<const T*>(p.b) + b_off, kn, 1);
+    T* out = static_cast<T*>(p.out) + batch * mn;
+    float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(2, mn);
+    float beta = 0.0f;
+    if (p.bias != nullptr) {
+      const T* bias = static_cast<const T*>(p.bias);
+      for (std::int64_t r = 0; r < p.m; ++r) {
+        for (std::int64_t j = 0; j < p.n; ++j) c[r * p.n + j] = Elem<T>::load(bias, j);
+      }
+      beta = 1.0f;
+    }
+    sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, beta, c, library);
+    if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
+  };
+  if (batches > 1 && gemm_choice(p.m, p.n, p.k) == GemmLibrary::eigen) {
+    // Many small products: one per core, each single-threaded.
+    parallel_for(batches, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) one(i, GemmLibrary::eigen);
+    });
+  } else {
+    for (std::int64_t i = 0; i < batches; ++i) one(i, GemmLibrary::automatic);
+  }
+}
+
+template <class T>
+void attention_kernel(const std::byte* raw) {
+  const auto& p = params_as<AttentionParams>(raw);
+  using E = Elem<T>;
+  const std::int64_t q_size = p.sq * p.d, k_size = p.sk * p.d, v_size = p.sk * p.dv;
+  parallel_for(p.batch * p.heads, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t bh = begin; bh < end; ++bh) {
+      const std::int64_t b = bh / p.heads, h = bh % p.heads;
+      const float* q = as_float(static_cast<const T*>(p.q) + bh * q_size, q_size, 0);
+      const float* k = as_float(static_cast<const T*>(p.k) + bh * k_size, k_size, 1);
+      float* s = scratch(2, p.sq * p.sk);
+      sgemm(false, true, p.sq, p.sk, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::eigen);
+      const T* mask = p.mask == nullptr
+                          ? nullptr
+                          : static_cast<const T*>(p.mask) + b * p.mask_batch_stride +
+                                h * p.mask_head_stride;
+      for (std::int64_t r = 0; r < p.sq; ++r) {
+        float* row = s + r * p.sk;
+        if (mask != nullptr) {
+          for (std::int64_t c = 0; c < p.sk; ++c) row[c] += float(E::load(mask, r * p.sk + c));
+        }
+        float max = -std::numeric_limits<float>::infinity();
+        for (std::int64_t c = 0; c < p.sk; ++c) max = std::max(max, row[c]);
+        float sum = 0.0f;
+        for (std::int64_t c = 0; c < p.sk; ++c) {
+          row[c] = std::exp(row[c] - max);
+          sum += row[c];
+        }
+        const float inv = 1.0f / sum;
+        for (std::int64_t c = 0; c < p.sk; ++c) row[c] *= inv;
+      }
+      const float* v = as_float(static_cast<const T*>(p.v) + bh * v_size, v_size, 1);
+      T* out = static_cast<T*>(p.out) + bh * p.sq * p.dv;
+      float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(3, p.sq * p.dv);
+      sgemm(false, false, p.sq, p.dv, p.sk, 1.0f, s, v, 0.0f, o, GemmLibrary::eigen);
+      if constexpr (!std::is_same_v<T, float>) store_from_float(o, out, p.sq * p.dv);
+    }
+  });
+}
+
+template <class T>
+struct MatmulK {
+  static void run(const std::byte* p) { matmul_kernel<T>(p); }
+};
+template <class T>
+struct AttentionK {
+  static void run(const std::byte* p) { attention_kernel<T>(p); }
+};
+
+}  // namespace
+
+KernelFn resolve_matmul(const MatmulParams& p) { return float_kernel<MatmulK>(p, "matmul"); }
+KernelFn resolve_attention(const AttentionParams& p) {
+  return float_kernel<AttentionK>(p, "attention");
+}
+
+}  // namespace retrace::cpu

@@ -1,0 +1,118 @@
+// Row-wise CPU kernels: reductions over the last dimension, softmax, layer_norm and rms_norm.
+// Accumulation is in float (double for float32 sums of long rows is not needed at these
+// tolerances); rows are split across cores when there are many.
+#include "cpu/elementwise.hpp"
+#include "cpu/kernels_internal.hpp"
+#include "cpu/parallel.hpp"
+#include "retrace/error.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace retrace::cpu {
+
+namespace {
+
+std::int64_t rows_per_task(std::int64_t cols) {
+  return std::max<std::int64_t>(1, (1 << 15) / std::max<std::int64_t>(cols, 1));
+}
+
+template <class T>
+void reduce_kernel(const std::byte* raw) {
+  const auto& p = params_as<ReduceParams>(raw);
+  using E = Elem<T>;
+  const T* a = static_cast<const T*>(p.a);
+  T* out = static_cast<T*>(p.out);
+  parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      const T* row = a + r * p.cols;
+      float acc = p.op == ReduceOp::max ? -std::numeric_limits<float>::infinity() : 0.0f;
+      if (p.op == ReduceOp::max) {
+        for (std::int64_t c = 0; c < p.cols; ++c) acc = std::max(acc, float(E::load(row, c)));
+      } else {
+        for (std::int64_t c = 0; c < p.cols; ++c) acc += float(E::load(row, c));
+        if (p.op == ReduceOp::mean) acc /= static_cast<float>(p.cols);
+      }
+      E::store(out, r, acc);
+    }
+  });
+}
+
+template <class T>
+void softmax_kernel(const std::byte* raw) {
+  const auto& p = params_as<SoftmaxParams>(raw);
+  using E = Elem<T>;
+  const T* a = static_cast<const T*>(p.a);
+  T* out = static_cast<T*>(p.out);
+  parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      const T* row = a + r * p.cols;
+      T* o = out + r * p.cols;
+      float max = -std::numeric_limits<float>::infinity();
+      for (std::int64_t c = 0; c < p.cols; ++c) max = std::max(max, float(E::load(row, c)));
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < p.cols; ++c) {
+        const float e = std::exp(float(E::load(row, c)) - max);
+        E::store(o, c, e);
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (std::int64_t c = 0; c < p.cols; ++c) E::store(o, c, float(E::load(o, c)) * inv);
+    }
+  });
+}
+
+template <class T>
+void norm_kernel(const std::byte* raw) {
+  const auto& p = params_as<NormParams>(raw);
+  using E = Elem<T>;
+  const T* a = static_cast<const T*>(p.a);
+  const T* w = static_cast<const T*>(p.weight);
+  const T* b = static_cast<const T*>(p.bias);
+  T* out = static_cast<T*>(p.out);
+  const auto cols = static_cast<float>(p.cols);
+  parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      const T* row = a + r * p.cols;
+      T* o = out + r * p.cols;
+      float mean = 0.0f;
+      if (!p.rms) {
+        for (std::int64_t c = 0; c < p.cols; ++c) mean += float(E::load(row, c));
+        mean /= cols;
+      }
+      float var = 0.0f;
+      for (std::int64_t c = 0; c < p.cols; ++c) {
+        const float d = float(E::load(row, c)) - mean;
+        var += d * d;
+      }
+      const float inv = 1.0f / std::sqrt(var / cols + p.eps);
+      for (std::int64_t c = 0; c < p.cols; ++c) {
+        float y = (float(E::load(row, c)) - mean) * inv;
+        if (w != nullptr) y *= float(E::load(w, c));
+        if (b != nullptr) y += float(E::load(b, c));
+        E::store(o, c, y);
+      }
+    }
+  });
+}
+
+template <class T>
+struct ReduceK {
+  static void run(const std::byte* p) { reduce_kernel<T>(p); }
+};
+template <class T>
+struct SoftmaxK {
+  static void run(const std::byte* p) { softmax_kernel<T>(p); }
+};
+template <class T>
+struct NormK {
+  static void run(const std::byte* p) { norm_kernel<T>(p); }
+};
+
+}  // namespace
+
+KernelFn resolve_reduce(const ReduceParams& p) { return float_kernel<ReduceK>(p, "reduce"); }
+KernelFn resolve_softmax(const SoftmaxParams& p) { return float_kernel<SoftmaxK>(p, "softmax"); }
+KernelFn resolve_norm(const NormParams& p) { return float_kernel<NormK>(p, "norm"); }
+
+}  // namespace retrace::cpu

@@ -1,0 +1,106 @@
+// Data movement CPU kernels: strided copies (permute, slice, concat), typecasts and tile
+// layout conversion.
+#include "cpu/elementwise.hpp"
+#include "cpu/kernels_internal.hpp"
+#include "cpu/parallel.hpp"
+#include "retrace/error.hpp"
+
+#include <cstring>
+
+namespace retrace::cpu {
+
+namespace {
+
+template <class T>
+void strided_copy_kernel(const std::byte* raw) {
+  const auto& p = params_as<StridedCopyParams>(raw);
+  const T* src = static_cast<const T*>(p.src);
+  T* dst = static_cast<T*>(p.dst);
+  const int last = p.rank - 1;
+  const std::int64_t inner = p.shape[last];
+  const std::int64_t ss = p.src_strides[last], ds = p.dst_strides[last];
+  std::int64_t outer = 1;
+  for (int d = 0; d < last; ++d) outer *= p.shape[d];
+  parallel_for(outer, std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(inner, 1)),
+               [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t row = begin; row < end; ++row) {
+      std::int64_t s_off = 0, d_off = 0, rest = row;
+      for (int d = last - 1; d >= 0; --d) {
+        const std::int64_t i = rest % p.shape[d];
+        rest /= p.shape[d];
+        s_off += i * p.src_strides[d];
+        d_off += i * p.dst_strides[d];
+      }
+      const T* s = src + s_off;
+      T* o = dst + d_off;
+      if (ss == 1 && ds == 1) {
+        std::memcpy(o, s, static_cast<std::size_t>(inner) * sizeof(T));
+      } else {
+        for (std::int64_t j = 0; j < inner; ++j) o[j * ds] = s[j * ss];
+      }
+    }
+  });
+}
+
+template <class From, class To>
+void typecast_kernel(const std::byte* raw) {
+  const auto& p = params_as<TypecastParams>(raw);
+  const From* src = static_cast<const From*>(p.src);
+  To* dst = static_cast<To*>(p.dst);
+  for (std::int64_t i = 0; i < p.count; ++i) {
+    const auto v = Elem<From>::load(src, i);
+    if constexpr (std::is_same_v<To, bfloat16>) {
+      dst[i] = bfloat16::from_float(static_cast<float>(v));
+    } else {
+      dst[i] = static_cast<To>(v);
+    }
+  }
+}
+
+void tilize_kernel(const std::byte* raw) {
+  const auto& p = params_as<TilizeParams>(raw);
+  const auto pad = [](std::int64_t n) { return (n + kTileSize - 1) / kTileSize * kTileSize; };
+  const std::int64_t prows = pad(p.rows), pcols = pad(p.cols), tiles_per_row = pcols / kTileSize;
+  const auto es = static_cast<std::size_t>(p.elem_size);
+  const auto* src = static_cast<const std::byte*>(p.src);
+  auto* dst = static_cast<std::byte*>(p.dst);
+  if (p.to_tile) std::memset(dst, 0, static_cast<std::size_t>(p.batch * prows * pcols) * es);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      for (std::int64_t c0 = 0; c0 < p.cols; c0 += kTileSize) {
+        const std::int64_t n = std::min<std::int64_t>(kTileSize, p.cols - c0);
+        const std::int64_t tile = (r / kTileSize) * tiles_per_row + c0 / kTileSize;
+        const std::int64_t tiled =
+            b * prows * pcols + tile * kTileSize * kTileSize + (r % kTileSize) * kTileSize;
+        const std::int64_t plain = (b * p.rows + r) * p.cols + c0;
+        if (p.to_tile) {
+          std::memcpy(dst + tiled * es, src + plain * es, static_cast<std::size_t>(n) * es);
+        } else {
+          std::memcpy(dst + plain * es, src + tiled * es, static_cast<std::size_t>(n) * es);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+KernelFn resolve_strided_copy(const StridedCopyParams& p) {
+  switch (p.elem_size) {
+    case 1: return &strided_copy_kernel<std::uint8_t>;
+    case 2: return &strided_copy_kernel<std::uint16_t>;
+    case 4: return &strided_copy_kernel<std::uint32_t>;
+    default: break;
+  }
+  RETRACE_FAIL(invalid_argument, "strided_copy: no kernel for {}-byte elements", p.elem_size);
+}
+
+KernelFn resolve_typecast(const TypecastParams& p) {
+  return with_dtype(p.from, [&]<class From>(From) {
+    return with_dtype(p.to, []<class To>(To) -> KernelFn { return &typecast_kernel<From, To>; });
+  });
+}
+
+KernelFn resolve_tilize(const TilizeParams&) { return &tilize_kernel; }
+
+}  // namespace retrace::cpu

@@ -1,0 +1,112 @@
+#include "cpu/parallel.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace retrace::cpu {
+
+namespace {
+
+thread_local bool in_parallel_region = false;
+
+// A fixed set of helper threads; one parallel loop at a time (others run serially).
+class KernelPool {
+ public:
+  KernelPool() {
+    int threads = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("RETRACE_KERNEL_THREADS")) threads = std::atoi(env);
+    threads_ = std::max(1, threads);
+    for (int i = 1; i < threads_; ++i) helpers_.emplace_back([this, i] { run(i); });
+  }
+  ~KernelPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : helpers_) t.join();
+  }
+
+  int threads() const noexcept { return threads_; }
+
+  bool try_run(std::int64_t n, int parts, detail::RangeFn fn, void* context) {
+    std::unique_lock busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    {
+      std::lock_guard lock(mutex_);
+      n_ = n;
+      parts_ = parts;
+      fn_ = fn;
+      context_ = context;
+      remaining_.store(parts - 1);
+      ++generation_;
+    }
+    cv_.notify_all();
+    run_part(0);
+    while (remaining_.load() != 0) std::this_thread::yield();
+    return true;
+  }
+
+ private:
+  void run_part(int part) {
+    const std::int64_t begin = n_ * part / parts_;
+    const std::int64_t end = n_ * (part + 1) / parts_;
+    in_parallel_region = true;
+    if (begin < end) fn_(context_, begin, end);
+    in_parallel_region = false;
+  }
+
+  void run(int index) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        if (index >= parts_) continue;
+      }
+      run_part(index);
+      remaining_.fetch_sub(1);
+    }
+  }
+
+  int threads_ = 1;
+  std::vector<std::thread> helpers_;
+  std::mutex busy_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::uint64_t generation_ = 0;
+  std::int64_t n_ = 0;
+  int parts_ = 1;
+  detail::RangeFn fn_ = nullptr;
+  void* context_ = nullptr;
+  std::atomic<int> remaining_{0};
+};
+
+KernelPool& pool() {
+  static KernelPool instance;
+  return instance;
+}
+
+}  // namespace
+
+int kernel_threads() noexcept { return pool().threads(); }
+
+namespace detail {
+void parallel_for_impl(std::int64_t n, std::int64_t min_chunk, RangeFn fn, void* context) {
+  if (n <= 0) return;
+  const int threads = in_parallel_region ? 1 : pool().threads();
+  const auto parts = static_cast<int>(
+      std::min<std::int64_t>(threads, n / std::max<std::int64_t>(min_chunk, 1)));
+  if (parts <= 1 || !pool().try_run(n, parts, fn, context)) fn(context, 0, n);
+}
+}  // namespace detail
+
+}  // namespace retrace::cpu

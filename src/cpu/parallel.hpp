@@ -1,0 +1,32 @@
+// parallel_for: splits a loop across the CPU device's kernel threads (one per core), for kernels
+// big enough that a cross-core hand-off (microseconds) pays. Small loops, nested calls and calls
+// while another parallel loop runs execute on the calling thread.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace retrace::cpu {
+
+namespace detail {
+using RangeFn = void (*)(void* context, std::int64_t begin, std::int64_t end);
+void parallel_for_impl(std::int64_t n, std::int64_t min_chunk, RangeFn fn, void* context);
+}  // namespace detail
+
+// Calls body(begin, end) on disjoint ranges covering [0, n); ranges hold at least min_chunk
+// iterations (except a last short one).
+template <class Body>
+void parallel_for(std::int64_t n, std::int64_t min_chunk, Body&& body) {
+  using B = std::remove_reference_t<Body>;
+  detail::parallel_for_impl(
+      n, min_chunk,
+      [](void* context, std::int64_t begin, std::int64_t end) {
+        (*static_cast<B*>(context))(begin, end);
+      },
+      const_cast<void*>(static_cast<const void*>(&body)));
+}
+
+// Threads parallel_for uses (the calling thread included).
+[[nodiscard]] int kernel_threads() noexcept;
+
+}  // namespace retrace::cpu

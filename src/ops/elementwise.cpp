@@ -1,0 +1,184 @@
+// Elementwise ops: binary (numpy broadcasting, or a scalar) and unary, each with an out= form.
+#include "ops/checks.hpp"
+#include "retrace/ops.hpp"
+
+#include <algorithm>
+
+namespace retrace::ops {
+
+using namespace detail;
+
+namespace {
+
+constexpr std::initializer_list<DType> kArithmeticTypes = {DType::float32, DType::bfloat16,
+                                                           DType::int32, DType::uint32};
+constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
+
+// Broadcast strides of `shape` seen from an output of rank `rank` (0 where broadcast).
+std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out) {
+  const std::vector<std::int64_t> own = contiguous_strides(shape);
+  std::vector<std::int64_t> strides(out.size(), 0);
+  const std::size_t offset = out.size() - shape.rank();
+  for (std::size_t i = 0; i < shape.rank(); ++i) {
+    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : own[i];
+  }
+  return strides;
+}
+
+Shape broadcast_shape(const Tensor& a, const Tensor& b, std::string_view op) {
+  const std::size_t rank = std::max(a.shape().rank(), b.shape().rank());
+  std::vector<std::int64_t> out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const auto axis = static_cast<std::int64_t>(i) - static_cast<std::int64_t>(rank);
+    const std::int64_t da = i + a.shape().rank() >= rank ? a.shape()[axis] : 1;
+    const std::int64_t db = i + b.shape().rank() >= rank ? b.shape()[axis] : 1;
+    RETRACE_CHECK(da == db || da == 1 || db == 1, invalid_argument,
+                  "{}: shapes {} and {} do not broadcast (axis {}: {} vs {})", op, a.shape(),
+                  b.shape(), axis, da, db);
+    out[i] = std::max(da, db);
+  }
+  return Shape(std::span<const std::int64_t>(out));
+}
+
+void check_binary(const Tensor& a, const Tensor& b, std::string_view op) {
+  Device& da = device_of(a, op, "a");
+  Device& db = device_of(b, op, "b");
+  RETRACE_CHECK(&da == &db, invalid_argument, "{}: a is on {} but b is on {}", op, da.name(),
+                db.name());
+  RETRACE_CHECK(a.dtype() == b.dtype(), invalid_argument, "{}: a has dtype {} but b has {}", op,
+                a.dtype(), b.dtype());
+  RETRACE_CHECK(a.layout() == b.layout(), invalid_argument, "{}: a has layout {} but b has {}",
+                op, a.layout(), b.layout());
+  RETRACE_CHECK(a.layout() == Layout::row_major || a.shape() == b.shape(), invalid_argument,
+                "{}: tile-layout operands must have equal shapes ({} vs {}); broadcast in "
+                "row_major",
+                op, a.shape(), b.shape());
+  check_dtype_in(a, op, "a", kArithmeticTypes);
+}
+
+void check_out(const Tensor& out, const Tensor& a, const Shape& shape, std::string_view op) {
+  device_of(out, op, "out");
+  RETRACE_CHECK(out.device() == a.device(), invalid_argument, "{}: out is on {} but a is on {}",
+                op, out.device()->name(), a.device()->name());
+  RETRACE_CHECK(out.shape() == shape && out.dtype() == a.dtype() && out.layout() == a.layout(),
+                invalid_argument, "{}: out is {} {} {} but the result is {} {} {}", op,
+                out.shape(), out.dtype(), out.layout(), shape, a.dtype(), a.layout());
+}
+
+
+void enqueue_binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b,
+                    const Tensor& out, QueueId queue) {
+  BinaryParams params{};
+  params.a = data_of(a);
+  params.b = data_of(b);
+  params.out = data_of(out);
+  params.dtype = a.dtype();
+  params.op = kind;
+  if (a.layout() == Layout::tile || a.shape() == b.shape()) {
+    params.rank = 1;
+    params.shape[0] = storage_elements(a.shape(), a.layout());
+    params.a_strides[0] = params.b_strides[0] = 1;
+  } else {
+    const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
+    fill_space(collapse(shape, {broadcast_strides(a.shape(), shape),
+                                broadcast_strides(b.shape(), shape)}),
+               params.shape, {params.a_strides, params.b_strides}, params.rank, op);
+  }
+  Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(KernelId::binary, op, params, buffers));
+}
+
+Tensor binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b, QueueId queue) {
+  check_binary(a, b, op);
+  Tensor out = empty_like(a, broadcast_shape(a, b, op), op);
+  enqueue_binary(op, kind, a, b, out, queue);
+  return out;
+}
+
+void binary_out(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b,
+                const Tensor& out, QueueId queue) {
+  check_binary(a, b, op);
+  check_out(out, a, broadcast_shape(a, b, op), op);
+  enqueue_binary(op, kind, a, b, out, queue);
+}
+
+void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a, double b,
+                       const Tensor& out, QueueId queue) {
+  Device& device = device_of(a, op, "a");
+  check_dtype_in(a, op, "a", kArithmeticTypes);
+  check_out(out, a, a.shape(), op);
+  BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
+                            a.dtype(), kind, b};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  device.enqueue(queue, make_launch(KernelId::binary_scalar, op, params, buffers));
+}
+
+Tensor binary_scalar(const char* op, BinaryOp kind, const Tensor& a, double b, QueueId queue) {
+  device_of(a, op, "a");
+  check_dtype_in(a, op, "a", kArithmeticTypes);
+  Tensor out = empty_like(a, a.shape(), op);
+  binary_scalar_out(op, kind, a, b, out, queue);
+  return out;
+}
+
+void unary_out(const char* op, UnaryOp kind, const Tensor& a, const Tensor& out, QueueId queue) {
+  Device& device = device_of(a, op, "a");
+  check_dtype_in(a, op, "a", kFloatTypes);
+  check_out(out, a, a.shape(), op);
+  UnaryParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()), a.dtype(),
+                     kind};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  device.enqueue(queue, make_launch(KernelId::unary, op, params, buffers));
+}
+
+Tensor unary(const char* op, UnaryOp kind, const Tensor& a, QueueId queue) {
+  device_of(a, op, "a");
+  check_dtype_in(a, op, "a", kFloatTypes);
+  Tensor out = empty_like(a, a.shape(), op);
+  unary_out(op, kind, a, out, queue);
+  return out;
+}
+
+}  // namespace
+
+#define RETRACE_DEFINE_BINARY(name)                                                        \
+  Tensor name(const Tensor& a, const Tensor& b, QueueId queue) {                           \
+    return binary(#name, BinaryOp::name, a, b, queue);                                     \
+  }                                                                                        \
+  Tensor name(const Tensor& a, double b, QueueId queue) {                                  \
+    return binary_scalar(#name, BinaryOp::name, a, b, queue);                              \
+  }                                                                                        \
+  void name(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue) {          \
+    binary_out(#name, BinaryOp::name, a, b, out, queue);                                   \
+  }                                                                                        \
+  void name(const Tensor& a, double b, const Tensor& out, QueueId queue) {                 \
+    binary_scalar_out(#name, BinaryOp::name, a, b, out, queue);                            \
+  }
+RETRACE_DEFINE_BINARY(add)
+RETRACE_DEFINE_BINARY(sub)
+RETRACE_DEFINE_BINARY(mul)
+RETRACE_DEFINE_BINARY(div)
+RETRACE_DEFINE_BINARY(maximum)
+RETRACE_DEFINE_BINARY(minimum)
+#undef RETRACE_DEFINE_BINARY
+
+#define RETRACE_DEFINE_UNARY(name)                                                         \
+  Tensor name(const Tensor& a, QueueId queue) { return unary(#name, UnaryOp::name, a, queue); } \
+  void name(const Tensor& a, const Tensor& out, QueueId queue) {                           \
+    unary_out(#name, UnaryOp::name, a, out, queue);                                        \
+  }
+RETRACE_DEFINE_UNARY(neg)
+RETRACE_DEFINE_UNARY(abs)
+RETRACE_DEFINE_UNARY(exp)
+RETRACE_DEFINE_UNARY(log)
+RETRACE_DEFINE_UNARY(sqrt)
+RETRACE_DEFINE_UNARY(rsqrt)
+RETRACE_DEFINE_UNARY(tanh)
+RETRACE_DEFINE_UNARY(sigmoid)
+RETRACE_DEFINE_UNARY(relu)
+RETRACE_DEFINE_UNARY(silu)
+RETRACE_DEFINE_UNARY(gelu)
+RETRACE_DEFINE_UNARY(gelu_tanh)
+#undef RETRACE_DEFINE_UNARY
+
+}  // namespace retrace::ops

@@ -1,0 +1,182 @@
+// Matrix products: matmul (batched, broadcast batch dimensions, transposes), linear, and
+// scaled_dot_product_attention as one op.
+#include "ops/checks.hpp"
+#include "retrace/ops.hpp"
+
+#include <cmath>
+
+namespace retrace::ops {
+
+using namespace detail;
+
+namespace {
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
+
+void check_pair(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
+                std::string_view op) {
+  Device& da = device_of(a, op, a_name);
+  Device& db = device_of(b, op, b_name);
+  RETRACE_CHECK(&da == &db, invalid_argument, "{}: {} is on {} but {} is on {}", op, a_name,
+                da.name(), b_name, db.name());
+  RETRACE_CHECK(a.dtype() == b.dtype(), invalid_argument, "{}: {} has dtype {} but {} has {}", op,
+                a_name, a.dtype(), b_name, b.dtype());
+  RETRACE_CHECK(a.layout() == Layout::row_major && b.layout() == Layout::row_major,
+                invalid_argument, "{}: operands must be row_major ({} is {}, {} is {})", op, a_name,
+                a.layout(), b_name, b.layout());
+  check_dtype_in(a, op, a_name, kFloatTypes);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose transpose_b,
+              QueueId queue) {
+  constexpr const char* op = "matmul";
+  check_pair(a, "a", b, "b", op);
+  const Shape& sa = a.shape();
+  const Shape& sb = b.shape();
+  RETRACE_CHECK(sa.rank() >= 2 && sb.rank() >= 2, invalid_argument,
+                "matmul: operands need rank 2 or more, got {} and {}", sa, sb);
+  const bool ta = transpose_a == Transpose::yes, tb = transpose_b == Transpose::yes;
+  const std::int64_t m = ta ? sa[-1] : sa[-2], k = ta ? sa[-2] : sa[-1];
+  const std::int64_t kb = tb ? sb[-1] : sb[-2], n = tb ? sb[-2] : sb[-1];
+  RETRACE_CHECK(k == kb, invalid_argument,
+                "matmul: inner dimensions differ: a {}{} has {} columns, b {}{} has {} rows", sa,
+                ta ? " (transposed)" : "", k, sb, tb ? " (transposed)" : "", kb);
+  // Broadcast the batch dimensions.
+  const std::size_t ra = sa.rank() - 2, rb = sb.rank() - 2, rank = std::max(ra, rb);
+  RETRACE_CHECK(rank <= static_cast<std::size_t>(kMaxBatchRank), invalid_argument,
+                "matmul: at most {} batch dimensions, got {}", kMaxBatchRank, rank);
+  MatmulParams params{};
+  std::vector<std::int64_t> out_shape;
+  std::int64_t a_stride = m * k, b_stride = k * n;
+  std::vector<std::int64_t> batch(rank), as(rank), bs(rank);
+  for (std::size_t i = rank; i-- > 0;) {
+    const std::int64_t da = i + ra >= rank ? sa.dims()[i + ra - rank] : 1;
+    const std::int64_t db = i + rb >= rank ? sb.dims()[i + rb - rank] : 1;
+    RETRACE_CHECK(da == db || da == 1 || db == 1, invalid_argument,
+                  "matmul: batch dimensions of {} and {} do not broadcast", sa, sb);
+    batch[i] = std::max(da, db);
+    as[i] = da == 1 ? 0 : a_stride;
+    bs[i] = db == 1 ? 0 : b_stride;
+    a_stride *= da;
+    b_stride *= db;
+  }
+  for (std::size_t i = 0; i < rank; ++i) {
+    params.batch_shape[i] = batch[i];
+    params.a_batch_strides[i] = as[i];
+    params.b_batch_strides[i] = bs[i];
+    out_shape.push_back(batch[i]);
+  }
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor out = empty_like(a, Shape(std::span<const std::int64_t>(out_shape)), op);
+  params.a = data_of(a);
+  params.b = data_of(b);
+  params.out = data_of(out);
+  params.m = m;
+  params.n = n;
+  params.k = k;
+  params.batch_rank = static_cast<std::int32_t>(rank);
+  params.alpha = 1.0f;
+  params.dtype = a.dtype();
+  params.trans_a = ta;
+  params.trans_b = tb;
+  Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(KernelId::matmul, op, params, buffers));
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, QueueId queue) {
+  constexpr const char* op = "linear";
+  check_pair(x, "x", weight, "weight", op);
+  RETRACE_CHECK(x.shape().rank() >= 1 && weight.shape().rank() == 2, invalid_argument,
+                "linear: x needs rank 1 or more and weight rank 2 ([out, in]), got {} and {}",
+                x.shape(), weight.shape());
+  const std::int64_t in = x.shape()[-1], out_features = weight.shape()[0];
+  RETRACE_CHECK(weight.shape()[1] == in, invalid_argument,
+                "linear: weight {} expects {} input features, x {} has {}", weight.shape(),
+                weight.shape()[1], x.shape(), in);
+  if (!bias.is_null()) {
+    check_pair(x, "x", bias, "bias", op);
+    RETRACE_CHECK(bias.numel() == out_features, invalid_argument,
+                  "linear: bias {} must hold {} elements", bias.shape(), out_features);
+  }
+  std::vector<std::int64_t> shape(x.shape().dims().begin(), x.shape().dims().end());
+  shape.back() = out_features;
+  Tensor out = empty_like(x, Shape(std::span<const std::int64_t>(shape)), op);
+  MatmulParams params{};
+  params.a = data_of(x);
+  params.b = data_of(weight);
+  params.bias = bias.is_null() ? nullptr : data_of(bias);
+  params.out = data_of(out);
+  params.m = in == 0 ? 0 : x.numel() / in;
+  params.n = out_features;
+  params.k = in;
+  params.alpha = 1.0f;
+  params.dtype = x.dtype();
+  params.trans_b = true;
+  std::vector<Buffer*> buffers{x.buffer().get(), weight.buffer().get(), out.buffer().get()};
+  if (!bias.is_null()) buffers.push_back(bias.buffer().get());
+  x.device()->enqueue(queue, make_launch(KernelId::matmul, op, params, buffers));
+  return out;
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask, std::optional<double> scale,
+                                    QueueId queue) {
+  constexpr const char* op = "scaled_dot_product_attention";
+  check_pair(q, "q", k, "k", op);
+  check_pair(q, "q", v, "v", op);
+  const std::size_t rank = q.shape().rank();
+  RETRACE_CHECK((rank == 3 || rank == 4) && k.shape().rank() == rank && v.shape().rank() == rank,
+                invalid_argument,
+                "{}: q, k and v must all be [B, H, S, D] or [H, S, D], got {}, {} and {}", op,
+                q.shape(), k.shape(), v.shape());
+  const std::int64_t batch = rank == 4 ? q.shape()[0] : 1, heads = q.shape()[-3];
+  const std::int64_t sq = q.shape()[-2], d = q.shape()[-1];
+  const std::int64_t sk = k.shape()[-2], dv = v.shape()[-1];
+  const bool kv_match = k.shape()[-1] == d && v.shape()[-2] == sk && k.shape()[-3] == heads &&
+                        v.shape()[-3] == heads &&
+                        (rank == 3 || (k.shape()[0] == batch && v.shape()[0] == batch));
+  RETRACE_CHECK(kv_match, invalid_argument,
+                "{}: shapes do not fit: q {}, k {}, v {} (k needs q's B, H and D; v needs k's "
+                "B, H and S)",
+                op, q.shape(), k.shape(), v.shape());
+  AttentionParams params{};
+  if (!mask.is_null()) {
+    check_pair(q, "q", mask, "mask", op);
+    const Shape& ms = mask.shape();
+    RETRACE_CHECK(ms.rank() >= 2 && ms.rank() <= 4 && ms[-2] == sq && ms[-1] == sk,
+                  invalid_argument, "{}: mask {} must end in [{}, {}] (Sq, Sk)", op, ms, sq, sk);
+    const std::int64_t mh = ms.rank() >= 3 ? ms[-3] : 1, mb = ms.rank() == 4 ? ms[0] : 1;
+    RETRACE_CHECK((mh == 1 || mh == heads) && (mb == 1 || mb == batch), invalid_argument,
+                  "{}: mask {} does not broadcast to [{}, {}, {}, {}]", op, ms, batch, heads, sq,
+                  sk);
+    params.mask = data_of(mask);
+    params.mask_head_stride = mh == 1 ? 0 : sq * sk;
+    params.mask_batch_stride = mb == 1 ? 0 : mh * sq * sk;
+  }
+  std::vector<std::int64_t> shape(q.shape().dims().begin(), q.shape().dims().end());
+  shape.back() = dv;
+  Tensor out = empty_like(q, Shape(std::span<const std::int64_t>(shape)), op);
+  params.q = data_of(q);
+  params.k = data_of(k);
+  params.v = data_of(v);
+  params.out = data_of(out);
+  params.batch = batch;
+  params.heads = heads;
+  params.sq = sq;
+  params.sk = sk;
+  params.d = d;
+  params.dv = dv;
+  params.scale = static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(d))));
+  params.dtype = q.dtype();
+  std::vector<Buffer*> buffers{q.buffer().get(), k.buffer().get(), v.buffer().get(),
+                               out.buffer().get()};
+  if (!mask.is_null()) buffers.push_back(mask.buffer().get());
+  q.device()->enqueue(queue, make_launch(KernelId::attention, op, params, buffers));
+  return out;
+}
+
+}  // namespace retrace::ops

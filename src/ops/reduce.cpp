@@ -1,0 +1,111 @@
+// Reductions, softmax and normalisations over the last dimension.
+#include "ops/checks.hpp"
+#include "retrace/ops.hpp"
+
+namespace retrace::ops {
+
+using namespace detail;
+
+namespace {
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
+
+struct Rows {
+  std::int64_t rows;
+  std::int64_t cols;
+};
+
+// Checks a row-wise op's input and splits it into rows of the last dimension.
+Rows rows_of(const Tensor& a, std::string_view op) {
+  device_of(a, op, "a");
+  check_dtype_in(a, op, "a", kFloatTypes);
+  RETRACE_CHECK(a.layout() == Layout::row_major, invalid_argument,
+                "{}: a is in {} layout; reductions work on row_major tensors (to_layout first)",
+                op, a.layout());
+  RETRACE_CHECK(a.shape().rank() >= 1, invalid_argument, "{}: a is a scalar (rank 0)", op);
+  const std::int64_t cols = a.shape()[-1];
+  return {cols == 0 ? 0 : a.numel() / cols, cols};
+}
+
+void check_vector(const Tensor& v, const Tensor& a, std::int64_t cols, std::string_view op,
+                  std::string_view name) {
+  if (v.is_null()) return;
+  device_of(v, op, name);
+  RETRACE_CHECK(v.device() == a.device(), invalid_argument, "{}: {} is on {} but a is on {}", op,
+                name, v.device()->name(), a.device()->name());
+  RETRACE_CHECK(v.dtype() == a.dtype(), invalid_argument, "{}: {} has dtype {} but a has {}", op,
+                name, v.dtype(), a.dtype());
+  RETRACE_CHECK(v.numel() == cols && v.layout() == Layout::row_major, invalid_argument,
+                "{}: {} must hold {} elements (the last dimension of a), got shape {}", op, name,
+                cols, v.shape());
+}
+
+Tensor reduce(const char* op, ReduceOp kind, const Tensor& a, KeepDim keepdim, QueueId queue) {
+  const Rows r = rows_of(a, op);
+  std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
+  if (keepdim == KeepDim::yes) {
+    shape.back() = 1;
+  } else {
+    shape.pop_back();
+  }
+  Tensor out = empty_like(a, Shape(std::span<const std::int64_t>(shape)), op);
+  ReduceParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype(), kind};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(KernelId::reduce, op, params, buffers));
+  return out;
+}
+
+Tensor norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor& bias,
+            double eps, bool rms, QueueId queue) {
+  const Rows r = rows_of(a, op);
+  check_vector(weight, a, r.cols, op, "weight");
+  check_vector(bias, a, r.cols, op, "bias");
+  RETRACE_CHECK(eps >= 0.0, invalid_argument, "{}: eps must not be negative, got {}", op, eps);
+  Tensor out = empty_like(a, a.shape(), op);
+  NormParams params{data_of(a),
+                    weight.is_null() ? nullptr : data_of(weight),
+                    bias.is_null() ? nullptr : data_of(bias),
+                    data_of(out),
+                    r.rows,
+                    r.cols,
+                    static_cast<float>(eps),
+                    a.dtype(),
+                    rms};
+  std::vector<Buffer*> buffers{a.buffer().get(), out.buffer().get()};
+  if (!weight.is_null()) buffers.push_back(weight.buffer().get());
+  if (!bias.is_null()) buffers.push_back(bias.buffer().get());
+  a.device()->enqueue(queue, make_launch(KernelId::norm, op, params, buffers));
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& a, KeepDim keepdim, QueueId queue) {
+  return reduce("sum", ReduceOp::sum, a, keepdim, queue);
+}
+Tensor mean(const Tensor& a, KeepDim keepdim, QueueId queue) {
+  return reduce("mean", ReduceOp::mean, a, keepdim, queue);
+}
+Tensor max(const Tensor& a, KeepDim keepdim, QueueId queue) {
+  return reduce("max", ReduceOp::max, a, keepdim, queue);
+}
+
+Tensor softmax(const Tensor& a, QueueId queue) {
+  const Rows r = rows_of(a, "softmax");
+  Tensor out = empty_like(a, a.shape(), "softmax");
+  SoftmaxParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype()};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(KernelId::softmax, "softmax", params, buffers));
+  return out;
+}
+
+Tensor layer_norm(const Tensor& a, const Tensor& weight, const Tensor& bias, double eps,
+                  QueueId queue) {
+  return norm("layer_norm", a, weight, bias, eps, false, queue);
+}
+
+Tensor rms_norm(const Tensor& a, const Tensor& weight, double eps, QueueId queue) {
+  return norm("rms_norm", a, weight, Tensor(), eps, true, queue);
+}
+
+}  // namespace retrace::ops

@@ -1,0 +1,216 @@
+// Shape and layout ops: reshape (a view), permute/transpose, slice, split/chunk, concat,
+// typecast and to_layout. Data movement goes through one strided-copy kernel.
+#include "ops/checks.hpp"
+#include "retrace/ops.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+namespace retrace::ops {
+
+using namespace detail;
+
+namespace {
+
+void check_row_major(const Tensor& a, std::string_view op) {
+  RETRACE_CHECK(a.layout() == Layout::row_major, invalid_argument,
+                "{}: a is in {} layout; convert it to row_major with to_layout first", op,
+                a.layout());
+}
+
+Shape make_shape(const std::vector<std::int64_t>& dims) {
+  return Shape(std::span<const std::int64_t>(dims));
+}
+
+// dst[idx] = src[idx] over `shape`, with per-operand strides (elements) and a source offset.
+void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
+                  const std::vector<std::int64_t>& shape,
+                  const std::vector<std::int64_t>& src_strides, const Tensor& dst,
+                  std::int64_t dst_offset, const std::vector<std::int64_t>& dst_strides,
+                  QueueId queue) {
+  const std::int64_t count = std::accumulate(shape.begin(), shape.end(), std::int64_t{1},
+                                             std::multiplies<>());
+  if (count == 0) return;
+  const auto elem = static_cast<std::int64_t>(dtype_size(src.dtype()));
+  StridedCopyParams params{};
+  params.src = static_cast<const std::byte*>(data_of(src)) + src_offset * elem;
+  params.dst = static_cast<std::byte*>(data_of(dst)) + dst_offset * elem;
+  params.elem_size = static_cast<std::int32_t>(elem);
+  fill_space(collapse(shape, {src_strides, dst_strides}), params.shape,
+             {params.src_strides, params.dst_strides}, params.rank, op);
+  Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};
+  src.device()->enqueue(queue, make_launch(KernelId::strided_copy, op, params, buffers));
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
+  device_of(a, "reshape", "a");
+  check_row_major(a, "reshape");
+  std::vector<std::int64_t> dims(shape.begin(), shape.end());
+  std::int64_t known = 1;
+  int inferred = -1;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == -1) {
+      RETRACE_CHECK(inferred < 0, invalid_argument, "reshape: only one extent may be -1");
+      inferred = static_cast<int>(i);
+    } else {
+      known *= dims[i];
+    }
+  }
+  if (inferred >= 0) {
+    RETRACE_CHECK(known != 0 && a.numel() % known == 0, invalid_argument,
+                  "reshape: cannot infer the -1 extent: {} elements do not divide into {}",
+                  a.numel(), known);
+    dims[static_cast<std::size_t>(inferred)] = a.numel() / known;
+  }
+  return a.with_shape(make_shape(dims));
+}
+
+Tensor reshape(const Tensor& a, std::initializer_list<std::int64_t> shape) {
+  return reshape(a, std::span<const std::int64_t>(shape.begin(), shape.size()));
+}
+
+Tensor permute(const Tensor& a, std::span<const std::int64_t> dims, QueueId queue) {
+  constexpr const char* op = "permute";
+  device_of(a, op, "a");
+  check_row_major(a, op);
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(dims.size() == rank, invalid_argument,
+                "permute: {} dimensions given for a tensor of rank {}", dims.size(), rank);
+  std::vector<bool> seen(rank, false);
+  std::vector<std::int64_t> shape(rank), src_strides(rank);
+  const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
+  for (std::size_t i = 0; i < rank; ++i) {
+    const auto d = static_cast<std::size_t>(normalize_dim(dims[i], rank, op));
+    RETRACE_CHECK(!seen[d], invalid_argument, "permute: dimension {} appears twice", d);
+    seen[d] = true;
+    shape[i] = a.shape().dims()[d];
+    src_strides[i] = strides[d];
+  }
+  Tensor out = empty_like(a, make_shape(shape), op);
+  strided_copy(op, a, 0, shape, src_strides, out, 0, contiguous_strides(out.shape()), queue);
+  return out;
+}
+
+Tensor permute(const Tensor& a, std::initializer_list<std::int64_t> dims, QueueId queue) {
+  return permute(a, std::span<const std::int64_t>(dims.begin(), dims.size()), queue);
+}
+
+Tensor transpose(const Tensor& a, std::int64_t dim0, std::int64_t dim1, QueueId queue) {
+  device_of(a, "transpose", "a");
+  const std::size_t rank = a.shape().rank();
+  std::vector<std::int64_t> dims(rank);
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[static_cast<std::size_t>(normalize_dim(dim0, rank, "transpose"))],
+            dims[static_cast<std::size_t>(normalize_dim(dim1, rank, "transpose"))]);
+  return permute(a, dims, queue);
+}
+
+Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t end,
+             std::int64_t step, QueueId queue) {
+  constexpr const char* op = "slice";
+  device_of(a, op, "a");
+  check_row_major(a, op);
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, a.shape().rank(), op));
+  const std::int64_t extent = a.shape().dims()[d];
+  RETRACE_CHECK(step >= 1, invalid_argument, "slice: step must be positive, got {}", step);
+  auto clamp = [&](std::int64_t i) {
+    return std::clamp(i < 0 ? i + extent : i, std::int64_t{0}, extent);
+  };
+  const std::int64_t from = clamp(start), to = std::max(clamp(end), from);
+  std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
+  shape[d] = (to - from + step - 1) / step;
+  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  const std::int64_t offset = from * src_strides[d];
+  src_strides[d] *= step;
+  Tensor out = empty_like(a, make_shape(shape), op);
+  strided_copy(op, a, offset, shape, src_strides, out, 0, contiguous_strides(out.shape()), queue);
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes, std::int64_t dim,
+                          QueueId queue) {
+  device_of(a, "split", "a");
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, a.shape().rank(), "split"));
+  const std::int64_t total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+  RETRACE_CHECK(total == a.shape().dims()[d], invalid_argument,
+                "split: sizes add up to {} but dimension {} of {} has {}", total, d, a.shape(),
+                a.shape().dims()[d]);
+  std::vector<Tensor> pieces;
+  std::int64_t start = 0;
+  for (std::int64_t size : sizes) {
+    RETRACE_CHECK(size >= 0, invalid_argument, "split: negative size {}", size);
+    pieces.push_back(slice(a, static_cast<std::int64_t>(d), start, start + size, 1, queue));
+    start += size;
+  }
+  return pieces;
+}
+
+std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, std::int64_t dim, QueueId queue) {
+  device_of(a, "chunk", "a");
+  RETRACE_CHECK(chunks >= 1, invalid_argument, "chunk: chunks must be positive, got {}", chunks);
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, a.shape().rank(), "chunk"));
+  const std::int64_t extent = a.shape().dims()[d];
+  const std::int64_t size = (extent + chunks - 1) / chunks;
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t at = 0; at < extent; at += size) sizes.push_back(std::min(size, extent - at));
+  return split(a, sizes, static_cast<std::int64_t>(d), queue);
+}
+
+Tensor concat(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) {
+  constexpr const char* op = "concat";
+  RETRACE_CHECK(!tensors.empty(), invalid_argument, "concat: no tensors given");
+  const Tensor& first = tensors.front();
+  device_of(first, op, "tensors[0]");
+  check_row_major(first, op);
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, first.shape().rank(), op));
+  std::vector<std::int64_t> shape(first.shape().dims().begin(), first.shape().dims().end());
+  shape[d] = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    const std::string name = fmt::format("tensors[{}]", i);
+    check_matches_except(first, t, d, op, name);
+    shape[d] += t.shape().dims()[d];
+  }
+  Tensor out = empty_like(first, make_shape(shape), op);
+  const std::vector<std::int64_t> out_strides = contiguous_strides(out.shape());
+  std::int64_t at = 0;
+  for (const Tensor& t : tensors) {
+    const std::vector<std::int64_t> piece(t.shape().dims().begin(), t.shape().dims().end());
+    strided_copy(op, t, 0, piece, contiguous_strides(t.shape()), out, at * out_strides[d],
+                 out_strides, queue);
+    at += t.shape().dims()[d];
+  }
+  return out;
+}
+
+Tensor typecast(const Tensor& a, DType dtype, QueueId queue) {
+  Device& device = device_of(a, "typecast", "a");
+  Tensor out = Tensor::empty(a.shape(), dtype, device, a.layout());
+  TypecastParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
+                        a.dtype(), dtype};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  device.enqueue(queue, make_launch(KernelId::typecast, "typecast", params, buffers));
+  return out;
+}
+
+Tensor to_layout(const Tensor& a, Layout layout, QueueId queue) {
+  Device& device = device_of(a, "to_layout", "a");
+  if (a.layout() == layout) return a;
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), device, layout);
+  const Shape& s = a.shape();
+  const std::int64_t cols = s.rank() >= 1 ? s[-1] : 1, rows = s.rank() >= 2 ? s[-2] : 1;
+  TilizeParams params{data_of(a),
+                      data_of(out),
+                      rows * cols == 0 ? 0 : a.numel() / (rows * cols),
+                      rows,
+                      cols,
+                      static_cast<std::int32_t>(dtype_size(a.dtype())),
+                      layout == Layout::tile};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  device.enqueue(queue, make_launch(KernelId::tilize, "to_layout", params, buffers));
+  return out;
+}
+
+}  // namespace retrace::ops
