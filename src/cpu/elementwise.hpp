@@ -6,8 +6,11 @@
 #include "retrace/kernels.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 namespace retrace::cpu {
 
@@ -24,6 +27,41 @@ struct Elem<bfloat16> {
   static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
   static void store(bfloat16* p, std::int64_t i, float v) { p[i] = bfloat16::from_float(v); }
 };
+
+// exp for float in a form the compiler vectorises (no libm call): range reduction to
+// r in [-ln2/2, ln2/2], a degree-6 polynomial (Cephes expf), scaling by 2^n through the exponent
+// bits. Relative error ~2 ulp; inputs are clamped to [-88, 88] (exp(-inf) gives ~6e-39, NaN
+// stays NaN).
+[[gnu::always_inline]] inline float vector_exp(float x) {
+  x = std::min(std::max(x, -88.0f), 88.0f);
+  // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, so it vectorises).
+  constexpr float kRound = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const auto exponent = static_cast<std::int32_t>(n) + 127;
+  return p * std::bit_cast<float>(static_cast<std::uint32_t>(exponent) << 23);
+}
+
+// erf for float without a libm call (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7).
+[[gnu::always_inline]] inline float vector_erf(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float t = 1.0f / (1.0f + 0.3275911f * a);
+  float p = 1.061405429f;
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const float y = 1.0f - p * t * vector_exp(-a * a);
+  return x < 0.0f ? -y : y;
+}
 
 template <BinaryOp op, class C>
 inline C apply_binary(C a, C b) {
@@ -49,7 +87,11 @@ inline C apply_unary(C x) {
   } else if constexpr (op == UnaryOp::abs) {
     return x < C(0) ? -x : x;
   } else if constexpr (op == UnaryOp::exp) {
-    return std::exp(x);
+    if constexpr (std::is_same_v<C, float>) {
+      return vector_exp(x);
+    } else {
+      return std::exp(x);
+    }
   } else if constexpr (op == UnaryOp::log) {
     return std::log(x);
   } else if constexpr (op == UnaryOp::sqrt) {
@@ -59,17 +101,44 @@ inline C apply_unary(C x) {
   } else if constexpr (op == UnaryOp::tanh) {
     return std::tanh(x);
   } else if constexpr (op == UnaryOp::sigmoid) {
-    return C(1) / (C(1) + std::exp(-x));
+    return C(1) / (C(1) + vector_exp(-x));
   } else if constexpr (op == UnaryOp::relu) {
     return x > C(0) ? x : C(0);
   } else if constexpr (op == UnaryOp::silu) {
-    return x / (C(1) + std::exp(-x));
+    return x / (C(1) + vector_exp(-x));
   } else if constexpr (op == UnaryOp::gelu) {
-    return C(0.5) * x * (C(1) + std::erf(x * C(0.70710678118654752)));
+    return C(0.5) * x * (C(1) + vector_erf(x * C(0.70710678118654752)));
   } else {
+    // 0.5 x (1 + tanh(u)) = x (1 - 1 / (exp(2u) + 1)), without a libm call.
     const C inner = C(0.79788456080286536) * (x + C(0.044715) * x * x * x);
-    return C(0.5) * x * (C(1) + std::tanh(inner));
+    return x * (C(1) - C(1) / (vector_exp(C(2) * inner) + C(1)));
   }
+}
+
+// out = softmax(in) over one row of n floats (in and out may alias), vectorised in 8 lanes.
+inline void softmax_row(const float* in, float* out, std::int64_t n) {
+  constexpr int kLanes = 8;
+  float lanes[kLanes];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] = lanes[l] > in[i + l] ? lanes[l] : in[i + l];
+  }
+  float max = -std::numeric_limits<float>::infinity();
+  for (float l : lanes) max = max > l ? max : l;
+  for (; i < n; ++i) max = max > in[i] ? max : in[i];
+  for (float& l : lanes) l = 0.0f;
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      out[i + l] = vector_exp(in[i + l] - max);
+      lanes[l] += out[i + l];
+    }
+  }
+  float sum = 0.0f;
+  for (float l : lanes) sum += l;
+  for (; i < n; ++i) sum += (out[i] = vector_exp(in[i] - max));
+  const float inv = 1.0f / sum;
+  for (i = 0; i < n; ++i) out[i] *= inv;
 }
 
 template <class T>

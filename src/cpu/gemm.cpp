@@ -25,9 +25,11 @@ void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 }  // namespace
 
 GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
-  // Thin or small products: Eigen (no threading overhead, good blocking for few rows).
-  if (m <= 64 || n <= 64 || m * n * k <= 64 * 64 * 64) return GemmLibrary::eigen;
-  return GemmLibrary::openblas;
+  // Measured on the 2-core build machines (bench/bench_ops.cpp): single-threaded, Eigen beats
+  // OpenBLAS on thin shapes (32 rows: 77-80 vs 65-70 GFLOP/s) but OpenBLAS on two threads beats
+  // both from about a million multiply-adds up (32x256x256: 124 GFLOP/s). Below that the
+  // hand-off to the second core does not pay: Eigen.
+  return m * n * k < (std::int64_t{1} << 20) ? GemmLibrary::eigen : GemmLibrary::openblas;
 }
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

@@ -1,5 +1,6 @@
-// Single-precision GEMM on the CPU, through Eigen or OpenBLAS (chosen by shape, measured in
-// bench/bench_ops.cpp: Eigen is faster on thin matrices, OpenBLAS on large squares).
+// Single-precision GEMM on the CPU, through Eigen or OpenBLAS, chosen by shape as measured in
+// bench/bench_ops.cpp (Eigen single-threaded for small products, multi-threaded OpenBLAS from
+// about a million multiply-adds up).
 #pragma once
 
 #include <cstdint>

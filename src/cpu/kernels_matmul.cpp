@@ -101,15 +101,7 @@ void attention_kernel(const std::byte* raw) {
         if (mask != nullptr) {
           for (std::int64_t c = 0; c < p.sk; ++c) row[c] += float(E::load(mask, r * p.sk + c));
         }
-        float max = -std::numeric_limits<float>::infinity();
-        for (std::int64_t c = 0; c < p.sk; ++c) max = std::max(max, row[c]);
-        float sum = 0.0f;
-        for (std::int64_t c = 0; c < p.sk; ++c) {
-          row[c] = std::exp(row[c] - max);
-          sum += row[c];
-        }
-        const float inv = 1.0f / sum;
-        for (std::int64_t c = 0; c < p.sk; ++c) row[c] *= inv;
+        softmax_row(row, row, p.sk);
       }
       const float* v = as_float(static_cast<const T*>(p.v) + bh * v_size, v_size, 1);
       T* out = static_cast<T*>(p.out) + bh * p.sq * p.dv;

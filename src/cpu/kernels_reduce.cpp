@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace retrace::cpu {
 
@@ -41,23 +42,19 @@ void reduce_kernel(const std::byte* raw) {
 template <class T>
 void softmax_kernel(const std::byte* raw) {
   const auto& p = params_as<SoftmaxParams>(raw);
-  using E = Elem<T>;
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
   parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t r = begin; r < end; ++r) {
-      const T* row = a + r * p.cols;
-      T* o = out + r * p.cols;
-      float max = -std::numeric_limits<float>::infinity();
-      for (std::int64_t c = 0; c < p.cols; ++c) max = std::max(max, float(E::load(row, c)));
-      float sum = 0.0f;
-      for (std::int64_t c = 0; c < p.cols; ++c) {
-        const float e = std::exp(float(E::load(row, c)) - max);
-        E::store(o, c, e);
-        sum += e;
+      if constexpr (std::is_same_v<T, float>) {
+        softmax_row(a + r * p.cols, out + r * p.cols, p.cols);
+      } else {
+        thread_local std::vector<float> row;
+        row.resize(static_cast<std::size_t>(p.cols));
+        for (std::int64_t c = 0; c < p.cols; ++c) row[c] = Elem<T>::load(a + r * p.cols, c);
+        softmax_row(row.data(), row.data(), p.cols);
+        for (std::int64_t c = 0; c < p.cols; ++c) Elem<T>::store(out + r * p.cols, c, row[c]);
       }
-      const float inv = 1.0f / sum;
-      for (std::int64_t c = 0; c < p.cols; ++c) E::store(o, c, float(E::load(o, c)) * inv);
     }
   });
 }

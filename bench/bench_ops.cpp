@@ -1,0 +1,160 @@
+// Op library throughput on the CPU device, beside the libraries and memcpy, in one run.
+//
+//  BM_Matmul/<impl>/<m>/<n>/<k>: GFLOP/s (counter `GFLOPs`) of
+//    impl 0 = retrace ops::matmul (a one-op trace replayed, so dispatch is excluded),
+//    impl 1 = OpenBLAS sgemm, 1 thread;  2 = OpenBLAS sgemm, 2 threads;  3 = Eigen, 1 thread.
+//    Shapes: a transformer block at hidden 256, sequence 32 (qkv, projection, MLP up/down), and
+//    squares n = 256 and 1024.
+//  BM_MatmulVsLibraries/<n>: the same, interleaved in one loop; `ratio` = retrace GFLOP/s over
+//    the better single-thread library (the acceptance figure at n = 256).
+//  BM_BandwidthVsMemcpy/<op>: GB/s of add (reads 2 x 16 MiB, writes 16 MiB) or softmax (reads
+//    and writes 16 MiB) next to std::memcpy of 16 MiB, interleaved; `ratio` = op / memcpy.
+#include "cpu/gemm.hpp"
+
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <retrace/retrace.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace retrace;
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct MatmulSetup {
+  std::unique_ptr<Device> device = open_cpu_device();
+  Tensor a, b;
+  std::vector<float> ha, hb, hc;
+  std::int64_t m, n, k;
+  TraceId trace;
+  Tensor out;
+
+  MatmulSetup(std::int64_t m_, std::int64_t n_, std::int64_t k_) : m(m_), n(n_), k(k_) {
+    ha.assign(static_cast<std::size_t>(m * k), 0.5f);
+    hb.assign(static_cast<std::size_t>(k * n), 0.25f);
+    hc.assign(static_cast<std::size_t>(m * n), 0.0f);
+    a = Tensor::from_vector<float>(ha, {m, k}, DType::float32).to_device(*device);
+    b = Tensor::from_vector<float>(hb, {k, n}, DType::float32).to_device(*device);
+    device->begin_trace_capture(kDefaultQueue);
+    out = ops::matmul(a, b);
+    trace = device->end_trace_capture(kDefaultQueue);
+    device->execute_trace(trace, kDefaultQueue, Blocking::yes);  // warm up scratch and pages
+  }
+  void run(int impl) {
+    switch (impl) {
+      case 0: device->execute_trace(trace, kDefaultQueue, Blocking::yes); break;
+      case 1:
+        openblas_set_num_threads(1);
+        cpu::sgemm(false, false, m, n, k, 1.0f, ha.data(), hb.data(), 0.0f, hc.data(),
+                   cpu::GemmLibrary::openblas);
+        break;
+      case 2:
+        openblas_set_num_threads(2);
+        cpu::sgemm(false, false, m, n, k, 1.0f, ha.data(), hb.data(), 0.0f, hc.data(),
+                   cpu::GemmLibrary::openblas);
+        break;
+      default:
+        cpu::sgemm(false, false, m, n, k, 1.0f, ha.data(), hb.data(), 0.0f, hc.data(),
+                   cpu::GemmLibrary::eigen);
+        break;
+    }
+  }
+  double flops() const { return 2.0 * static_cast<double>(m * n * k); }
+};
+
+int default_openblas_threads() {
+  static const int threads = openblas_get_num_threads();
+  return threads;
+}
+
+void BM_Matmul(benchmark::State& state) {
+  const int impl = static_cast<int>(state.range(0));
+  MatmulSetup s(state.range(1), state.range(2), state.range(3));
+  for (auto _ : state) s.run(impl);
+  openblas_set_num_threads(default_openblas_threads());
+  state.counters["GFLOPs"] = benchmark::Counter(s.flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_MatmulVsLibraries(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  MatmulSetup s(n, n, n);
+  std::vector<double> t[4];
+  for (auto _ : state) {
+    for (int impl : {1, 3, 0}) {
+      if (impl == 0) openblas_set_num_threads(default_openblas_threads());
+      const auto t0 = Clock::now();
+      s.run(impl);
+      t[impl].push_back(seconds(t0, Clock::now()));
+    }
+  }
+  openblas_set_num_threads(default_openblas_threads());
+  const double ours = s.flops() / median(t[0]) * 1e-9;
+  const double blas = s.flops() / median(t[1]) * 1e-9;
+  const double eigen = s.flops() / median(t[3]) * 1e-9;
+  state.counters["retrace_GFLOPs"] = ours;
+  state.counters["openblas1_GFLOPs"] = blas;
+  state.counters["eigen1_GFLOPs"] = eigen;
+  state.counters["ratio"] = ours / std::max(blas, eigen);
+}
+
+void BM_BandwidthVsMemcpy(benchmark::State& state) {
+  const bool softmax = state.range(0) == 1;
+  constexpr std::int64_t kFloats = (16 << 20) / 4;
+  auto device = open_cpu_device();
+  Tensor x = ops::full({kFloats / 1024, 1024}, 0.5, *device);
+  Tensor y = ops::full({kFloats / 1024, 1024}, 0.25, *device);
+  device->begin_trace_capture(kDefaultQueue);
+  Tensor out = softmax ? ops::softmax(x) : ops::add(x, y);
+  const TraceId trace = device->end_trace_capture(kDefaultQueue);
+  device->execute_trace(trace, kDefaultQueue, Blocking::yes);
+  std::vector<char> src(16 << 20, 1), dst(16 << 20, 0);
+  std::vector<double> op_s, copy_s;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), src.size());
+    benchmark::ClobberMemory();
+    const auto t1 = Clock::now();
+    device->execute_trace(trace, kDefaultQueue, Blocking::yes);
+    const auto t2 = Clock::now();
+    copy_s.push_back(seconds(t0, t1));
+    op_s.push_back(seconds(t1, t2));
+  }
+  const double mib16 = 16.0 * (1 << 20);
+  const double op_gbps = (softmax ? 2 : 3) * mib16 / median(op_s) * 1e-9;
+  const double copy_gbps = 2 * mib16 / median(copy_s) * 1e-9;
+  state.counters["op_GBps"] = op_gbps;
+  state.counters["memcpy_GBps"] = copy_gbps;
+  state.counters["ratio"] = op_gbps / copy_gbps;
+  device->release_trace(trace);
+}
+
+void matmul_shapes(benchmark::internal::Benchmark* b) {
+  const std::vector<std::vector<std::int64_t>> shapes = {
+      {32, 768, 256}, {32, 256, 256}, {32, 1024, 256}, {32, 256, 1024},
+      {256, 256, 256}, {1024, 1024, 1024}};
+  for (int impl = 0; impl < 4; ++impl) {
+    for (const auto& s : shapes) b->Args({impl, s[0], s[1], s[2]});
+  }
+  b->ArgNames({"impl", "m", "n", "k"});
+}
+
+}  // namespace
+
+BENCHMARK(BM_Matmul)->Apply(matmul_shapes)->MinTime(0.1);
+BENCHMARK(BM_MatmulVsLibraries)->Arg(256)->Arg(1024)->MinTime(0.5);
+BENCHMARK(BM_BandwidthVsMemcpy)->Arg(0)->Arg(1)->ArgName("softmax")->MinTime(0.5);
+
+BENCHMARK_MAIN();
