@@ -33,6 +33,7 @@ test-tsan: setup
 
 bench: build
 	./build/bin/retrace_bench_device
+	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer
 
 clean:

@@ -395,6 +395,44 @@ TEST_P(OpsTest, Typecast) {
   EXPECT_EQ(read(other).v, rounded.v);
 }
 
+// Every op in one traced function: replay equals eager bit for bit, before and after the inputs
+// change.
+TEST_P(OpsTest, EveryOpReplaysBitIdentical) {
+  auto all_ops = [](const std::vector<Tensor>& in) {
+    const Tensor& x = in[0];  // [2, 4, 8, 16], positive
+    const Tensor& w = in[1];  // [16]
+    std::vector<Tensor> outs;
+    outs.push_back(ops::sub(x, w));
+    outs.push_back(ops::div(x, w));
+    outs.push_back(ops::maximum(x, w));
+    outs.push_back(ops::minimum(x, 0.5));
+    using Unary = Tensor (*)(const Tensor&, QueueId);
+    for (Unary unary : std::initializer_list<Unary>{ops::neg, ops::abs, ops::exp, ops::log,
+                                                    ops::sqrt, ops::rsqrt, ops::tanh, ops::sigmoid,
+                                                    ops::relu, ops::silu, ops::gelu,
+                                                    ops::gelu_tanh}) {
+      outs.push_back(unary(x, kDefaultQueue));
+    }
+    outs.push_back(ops::sum(x, ops::KeepDim::yes));
+    outs.push_back(ops::mean(x, ops::KeepDim::yes));
+    outs.push_back(ops::max(x, ops::KeepDim::yes));
+    outs.push_back(ops::rms_norm(x, w));
+    outs.push_back(ops::layer_norm(x, w));
+    outs.push_back(ops::softmax(x));
+    outs.push_back(ops::matmul(x, ops::reshape(ops::slice(x, 2, 0, 1), {2, 4, 16, 1})));
+    outs.push_back(ops::matmul(x, x, ops::Transpose::no, ops::Transpose::yes));
+    outs.push_back(ops::linear(x, ops::reshape(ops::slice(ops::slice(x, 0, 0, 1), 1, 0, 2), {16, 16}), w));
+    outs.push_back(ops::scaled_dot_product_attention(x, x, x));
+    outs.push_back(ops::typecast(ops::typecast(x, DType::int32), x.dtype()));
+    outs.push_back(ops::transpose(ops::slice(x, 3, 1, 15, 3), 0, 2));
+    std::vector<Tensor> flat;
+    for (const Tensor& t : outs) flat.push_back(ops::reshape(t, {-1}));
+    return ops::concat(flat, 0);
+  };
+  expect_replay_matches({random({2, 4, 8, 16}, 140, 0.1f, 2.0f), random({16}, 141, 0.5f, 1.5f)},
+                        all_ops);
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, OpsTest, ::testing::Values(DType::float32, DType::bfloat16),
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
 
