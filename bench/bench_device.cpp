@@ -7,6 +7,8 @@
 // Counter per_command: seconds per recorded command or eager op ("48n" = 48 ns).
 #include "cpu/elementwise.hpp"
 
+#include "bench_util.hpp"
+
 #include <benchmark/benchmark.h>
 #include <retrace/retrace.hpp>
 
@@ -18,6 +20,9 @@
 namespace {
 
 using namespace retrace;
+using bench::Clock;
+using bench::median;
+using bench::seconds;
 constexpr std::int64_t kElements = 1024;
 
 std::unique_ptr<Device> make_device(ExecutionMode mode) {
@@ -30,11 +35,6 @@ std::unique_ptr<Device> make_device(ExecutionMode mode) {
 // The kernel loop as a plain out-of-line function, called directly by the raw loops.
 [[gnu::noinline]] void add_scalar_kernel(const float* a, float* out, std::int64_t n, float s) {
   cpu::binary_scalar_loop<BinaryOp::add, float>(a, out, n, s);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 void set_per_command(benchmark::State& state, std::int64_t commands_per_iteration) {
@@ -97,8 +97,7 @@ void BM_ReplayInline(benchmark::State& state) {
 // Raw loop and inline replay interleaved in one loop, so machine noise hits both alike; the
 // acceptance figure is `ratio` (replay time / raw time) at 1000 commands.
 void BM_ReplayOverRaw(benchmark::State& state) {
-  using Clock = std::chrono::steady_clock;
-  const auto n = state.range(0);
+    const auto n = state.range(0);
   CapturedChain c = capture_chain(ExecutionMode::worker, n);
   auto* a = static_cast<float*>(c.a.buffer()->data());
   auto* b = static_cast<float*>(c.b.buffer()->data());

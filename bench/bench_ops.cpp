@@ -11,6 +11,8 @@
 //    and writes 16 MiB) next to std::memcpy of 16 MiB, interleaved; `ratio` = op / memcpy.
 #include "cpu/gemm.hpp"
 
+#include "bench_util.hpp"
+
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <retrace/retrace.hpp>
@@ -23,16 +25,9 @@
 namespace {
 
 using namespace retrace;
-using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using bench::Clock;
+using bench::median;
+using bench::seconds;
 
 struct MatmulSetup {
   std::unique_ptr<Device> device = open_cpu_device();

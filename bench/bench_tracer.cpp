@@ -6,6 +6,8 @@
 // same trace, interleaved so machine noise hits both alike. Counters:
 //   tracer_ns   per tracer call;   execute_ns per bare execute_trace;
 //   overhead_ns = tracer_ns - execute_ns;   goal_ns = 150 + 15 * N (the target).
+#include "bench_util.hpp"
+
 #include <benchmark/benchmark.h>
 #include <retrace/retrace.hpp>
 
@@ -16,12 +18,9 @@
 namespace {
 
 using namespace retrace;
-using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::Clock;
+using bench::median;
+using bench::seconds;
 
 void BM_TracerOverhead(benchmark::State& state) {
   const auto leaves = static_cast<int>(state.range(0));

@@ -1,5 +1,6 @@
 #include "retrace/tensor.hpp"
 
+#include "retrace/dtype_dispatch.hpp"
 #include "retrace/error.hpp"
 #include "retrace/ops.hpp"
 
@@ -64,19 +65,6 @@ T from_double(double v) {
   }
 }
 
-// Calls f(Storage{}) with the C++ type stored for dtype.
-template <class F>
-decltype(auto) with_storage_type(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::float32: return f(float{});
-    case DType::bfloat16: return f(bfloat16{});
-    case DType::int32: return f(std::int32_t{});
-    case DType::uint32: return f(std::uint32_t{});
-    case DType::uint8: return f(std::uint8_t{});
-  }
-  RETRACE_FAIL(invalid_argument, "unknown dtype {}", static_cast<int>(dtype));
-}
-
 // Converts between host values of type T and storage of type S.
 template <class T, class S>
 S convert(T v) {
@@ -114,7 +102,7 @@ Tensor Tensor::from_vector(std::span<const T> values, const Shape& shape, DType 
                 shape, shape.numel());
   Tensor tensor = empty_host(shape, dtype, layout);
   std::byte* raw = tensor.host_->data();
-  with_storage_type(dtype, [&]<class S>(S) {
+  dispatch_dtype(dtype, [&]<class S>(S) {
     S* out = reinterpret_cast<S*>(raw);
     for_each_element(shape, layout,
                      [&](std::int64_t i, std::int64_t s) { out[s] = convert<T, S>(values[i]); });
@@ -181,7 +169,7 @@ std::vector<T> Tensor::to_vector(QueueId queue) const {
   const Tensor host = to_host(queue);
   std::vector<T> values(static_cast<std::size_t>(numel()));
   const std::byte* raw = host.host_->data();
-  with_storage_type(dtype_, [&]<class S>(S) {
+  dispatch_dtype(dtype_, [&]<class S>(S) {
     const S* in = reinterpret_cast<const S*>(raw);
     for_each_element(shape_, layout_,
                      [&](std::int64_t i, std::int64_t s) { values[i] = convert<S, T>(in[s]); });

@@ -33,7 +33,7 @@ void assert_finite_kernel(const std::byte* raw) {
 }
 
 KernelFn resolve_fill(DType dtype) {
-  return with_dtype(dtype, []<class T>(T) -> KernelFn { return &fill_kernel<T>; });
+  return dispatch_dtype(dtype, []<class T>(T) -> KernelFn { return &fill_kernel<T>; });
 }
 
 KernelFn resolve_assert_finite(DType dtype) {

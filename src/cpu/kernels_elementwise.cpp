@@ -32,15 +32,10 @@ void binary_kernel(const std::byte* raw) {
   parallel_for(outer, std::max<std::int64_t>(1, kParallelChunk / std::max<std::int64_t>(inner, 1)),
                [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t row = begin; row < end; ++row) {
-      std::int64_t a_off = 0, b_off = 0, rest = row;
-      for (int d = last - 1; d >= 0; --d) {
-        const std::int64_t i = rest % p.shape[d];
-        rest /= p.shape[d];
-        a_off += i * p.a_strides[d];
-        b_off += i * p.b_strides[d];
-      }
-      const T* ar = a + a_off;
-      const T* br = b + b_off;
+      std::int64_t offsets[2];
+      row_offsets(row, p.shape, last, {p.a_strides, p.b_strides}, offsets);
+      const T* ar = a + offsets[0];
+      const T* br = b + offsets[1];
       T* o = out + row * inner;
       if (as == 1 && bs == 1) {
         binary_loop<op, T>(ar, br, o, inner);

@@ -3,6 +3,7 @@
 
 #include "cpu/program.hpp"
 #include "retrace/bfloat16.hpp"
+#include "retrace/dtype_dispatch.hpp"
 #include "retrace/error.hpp"
 #include "retrace/kernels.hpp"
 
@@ -15,17 +16,17 @@ const P& params_as(const std::byte* params) {
   return *reinterpret_cast<const P*>(params);
 }
 
-// Calls f(T{}) with the storage type of a dtype.
-template <class F>
-decltype(auto) with_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::float32: return f(float{});
-    case DType::bfloat16: return f(bfloat16{});
-    case DType::int32: return f(std::int32_t{});
-    case DType::uint32: return f(std::uint32_t{});
-    case DType::uint8: return f(std::uint8_t{});
+// Element offsets of operands for `row` of an iteration space whose last dimension is the
+// contiguous inner loop: row indexes dimensions 0 .. last-1 in row-major order.
+template <std::size_t N>
+void row_offsets(std::int64_t row, const std::int64_t* shape, int last,
+                 const std::int64_t* const (&strides)[N], std::int64_t (&offsets)[N]) {
+  for (auto& o : offsets) o = 0;
+  for (int d = last - 1; d >= 0; --d) {
+    const std::int64_t i = row % shape[d];
+    row /= shape[d];
+    for (std::size_t k = 0; k < N; ++k) offsets[k] += i * strides[k][d];
   }
-  return f(float{});
 }
 
 // The float32 or bfloat16 instantiation K<T>::run for p.dtype.

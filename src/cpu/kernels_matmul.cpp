@@ -48,15 +48,11 @@ void matmul_kernel(const std::byte* raw) {
   for (int d = 0; d < p.batch_rank; ++d) batches *= p.batch_shape[d];
   const std::int64_t mn = p.m * p.n, mk = p.m * p.k, kn = p.k * p.n;
   auto one = [&](std::int64_t batch, GemmLibrary library) {
-    std::int64_t a_off = 0, b_off = 0, rest = batch;
-    for (int d = p.batch_rank - 1; d >= 0; --d) {
-      const std::int64_t i = rest % p.batch_shape[d];
-      rest /= p.batch_shape[d];
-      a_off += i * p.a_batch_strides[d];
-      b_off += i * p.b_batch_strides[d];
-    }
-    const float* a = as_float(static_cast<const T*>(p.a) + a_off, mk, 0);
-    const float* b = as_float(static_cast<const T*>(p.b) + b_off, kn, 1);
+    std::int64_t offsets[2];
+    row_offsets(batch, p.batch_shape, p.batch_rank, {p.a_batch_strides, p.b_batch_strides},
+                offsets);
+    const float* a = as_float(static_cast<const T*>(p.a) + offsets[0], mk, 0);
+    const float* b = as_float(static_cast<const T*>(p.b) + offsets[1], kn, 1);
     T* out = static_cast<T*>(p.out) + batch * mn;
     float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(2, mn);
     float beta = 0.0f;

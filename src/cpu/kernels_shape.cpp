@@ -24,15 +24,10 @@ void strided_copy_kernel(const std::byte* raw) {
   parallel_for(outer, std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(inner, 1)),
                [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t row = begin; row < end; ++row) {
-      std::int64_t s_off = 0, d_off = 0, rest = row;
-      for (int d = last - 1; d >= 0; --d) {
-        const std::int64_t i = rest % p.shape[d];
-        rest /= p.shape[d];
-        s_off += i * p.src_strides[d];
-        d_off += i * p.dst_strides[d];
-      }
-      const T* s = src + s_off;
-      T* o = dst + d_off;
+      std::int64_t offsets[2];
+      row_offsets(row, p.shape, last, {p.src_strides, p.dst_strides}, offsets);
+      const T* s = src + offsets[0];
+      T* o = dst + offsets[1];
       if (ss == 1 && ds == 1) {
         std::memcpy(o, s, static_cast<std::size_t>(inner) * sizeof(T));
       } else {
@@ -96,8 +91,8 @@ KernelFn resolve_strided_copy(const StridedCopyParams& p) {
 }
 
 KernelFn resolve_typecast(const TypecastParams& p) {
-  return with_dtype(p.from, [&]<class From>(From) {
-    return with_dtype(p.to, []<class To>(To) -> KernelFn { return &typecast_kernel<From, To>; });
+  return dispatch_dtype(p.from, [&]<class From>(From) {
+    return dispatch_dtype(p.to, []<class To>(To) -> KernelFn { return &typecast_kernel<From, To>; });
   });
 }
 
