@@ -14,7 +14,7 @@ build: setup
 	cmake --build --preset default -j $(JOBS)
 
 demo: build
-	./build/bin/retrace_example_capture
+	./build/bin/retrace demo
 
 test: test-release test-asan test-tsan
 

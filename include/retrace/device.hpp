@@ -141,6 +141,8 @@ struct TraceInfo {
   std::size_t pool_buffers = 0;   // buffers allocated during the capture
   std::size_t external_buffers = 0;  // buffers from outside the pool that the trace uses
   std::vector<std::string_view> ops;  // op name of each command, in recorded order
+  // Addresses of the buffers each command reads or writes (for listings and graphs).
+  std::vector<std::vector<std::uint64_t>> command_buffers;
 };
 
 enum class Capability : std::uint8_t {

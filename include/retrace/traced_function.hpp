@@ -190,6 +190,12 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     for (const auto& [k, entry] : entries_) s.trace_bytes += entry.bytes;
     return s;
   }
+  // The tracer of a key, or null.
+  [[nodiscard]] const TracerT* find(const CacheKey& key) const {
+    std::lock_guard lock(mutex_);
+    auto it = entries_.find(key);
+    return it == entries_.end() ? nullptr : it->second.tracer.get();
+  }
   [[nodiscard]] std::size_t live_traces(const TraceOwner* owner) const {
     std::lock_guard lock(mutex_);
     std::size_t n = 0;
@@ -367,6 +373,25 @@ class TracedMethod {
     };
     auto path_of = [&](std::size_t leaf) { return leaf_path(leaf, {}, args...); };
     return cache_->call(std::move(key), call, &object, make, path_of, args...);
+  }
+
+  // The input slots of the object's trace for `key` (pass them back: no copy). Not available
+  // with automatic keys.
+  [[nodiscard]] const typename TracerT::Inputs& inputs(Obj& object,
+                                                       const std::string& key = "") const {
+    Device& device = device_of_(object);
+    const auto* tracer = cache_->find(
+        detail::CacheKey{&object, {reinterpret_cast<std::uintptr_t>(&device)}, key, {}});
+    RETRACE_CHECK(tracer != nullptr, failed_precondition,
+                  "{}: no trace for this object with key \"{}\"; make a traced call first",
+                  cache_->options().name, key);
+    return tracer->inputs();
+  }
+  // The tracer behind the object's trace for `key` (null if none), e.g. to inspect its trace.
+  [[nodiscard]] const TracerT* tracer(Obj& object, const std::string& key = "") const {
+    Device& device = device_of_(object);
+    return cache_->find(
+        detail::CacheKey{&object, {reinterpret_cast<std::uintptr_t>(&device)}, key, {}});
   }
 
   void release(Obj& object) { cache_->release_owner(&object); }

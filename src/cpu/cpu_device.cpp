@@ -115,6 +115,7 @@ class CpuDevice final : public Device {
     trace->info.pool_buffers = blocks;
     trace->info.external_buffers = program->retained.size();
     trace->info.ops.assign(program->ops.begin(), program->ops.end());
+    trace->info.command_buffers = std::move(program->command_buffers);
     trace->program = std::move(program);
     trace->last_submission.assign(queues_.size(), 0);
     capture_queue_.reset();

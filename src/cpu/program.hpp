@@ -39,6 +39,8 @@ struct Program {
   // Host data staged for writes.
   std::vector<std::unique_ptr<std::byte[]>> staging;
   std::optional<TraceId> trace;  // set for traces
+  // For traces: the addresses of the buffers each command uses.
+  std::vector<std::vector<std::uint64_t>> command_buffers;
 
   void append(KernelFn fn, const char* op, const void* params, std::size_t params_size);
   [[nodiscard]] std::size_t size() const noexcept { return ops.size(); }

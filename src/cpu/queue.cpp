@@ -64,6 +64,10 @@ CpuQueue::~CpuQueue() {
 void CpuQueue::record_command(Program& program, const KernelLaunch& launch, KernelFn fn,
                               bool retain_all) {
   program.append(fn, launch.op, launch.params, launch.params_size);
+  if (program.trace) {  // listings and graphs of the trace (not used by replays)
+    auto& addresses = program.command_buffers.emplace_back();
+    for (const Buffer* buffer : launch.buffers) addresses.push_back(buffer->address());
+  }
   for (Buffer* buffer : launch.buffers) {
     if (!retain_all) {
       // A trace keeps outside buffers alive, once each; its own pool it owns already.

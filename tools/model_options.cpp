@@ -1,0 +1,43 @@
+#include "model_options.hpp"
+
+#include <retrace/models/safetensors.hpp>
+
+namespace retrace::cli {
+
+void add_model_options(CLI::App& app, ModelOptions& o) {
+  app.add_option("--steps", o.steps, "Euler steps of the sampler")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", o.config.tokens, "tokens (the first resolution)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hidden", o.config.hidden, "token width C")->check(CLI::PositiveNumber);
+  app.add_option("--depth", o.config.depth, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.config.heads, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--dtype", o.dtype, "float32 or bfloat16")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--weights", o.weights, ".safetensors file with DiT weights")
+      ->check(CLI::ExistingFile);
+  app.add_option("--seed", o.config.seed, "seed of the random weights and latents");
+}
+
+std::unique_ptr<Device> open_device(const ModelOptions& options) {
+  RETRACE_CHECK(options.device == "cpu", failed_precondition,
+                "--device {}: this build has no {} backend (the CUDA backend is built when CMake "
+                "finds a CUDA toolkit); use --device cpu",
+                options.device, options.device);
+  return open_cpu_device();
+}
+
+std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {
+  options.config.dtype = options.dtype == "bfloat16" ? DType::bfloat16 : DType::float32;
+  if (options.weights.empty()) return std::make_unique<models::DiT>(options.config, device);
+  return std::make_unique<models::DiT>(options.config, device,
+                                       models::read_safetensors(options.weights));
+}
+
+std::string human_bytes(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20)) return fmt::format("{:.1f} MiB", bytes / 1048576.0);
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+}  // namespace retrace::cli

@@ -1,0 +1,30 @@
+// Options shared by the CLI's subcommands: the model size, dtype, device, weights and seed.
+#pragma once
+
+#include <retrace/models/dit.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+namespace retrace::cli {
+
+struct ModelOptions {
+  models::DiTConfig config{.tokens = 256, .hidden = 256, .depth = 4, .heads = 4};
+  std::string dtype = "float32";
+  std::string device = "cpu";
+  std::string weights;
+  std::int64_t steps = 20;
+};
+
+void add_model_options(CLI::App& app, ModelOptions& options);
+
+// The device named by --device (the CPU device; CUDA when built with it).
+std::unique_ptr<Device> open_device(const ModelOptions& options);
+// The model: weights from --weights, or from --seed.
+std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device);
+
+std::string human_bytes(std::size_t bytes);
+
+}  // namespace retrace::cli
