@@ -17,6 +17,7 @@ TEST_P(DeviceConformance, CaptureRecordsAndReplayExecutes) {
   const auto values = random_floats(64, 3);
   Tensor x = device_tensor(device(), values, {64});
   Tensor w = ops::full({64}, 0.5, device());
+  device().synchronize();  // eager work still queued would otherwise count below
   const auto executed_before = device().stats().commands_executed;
   device().begin_trace_capture(q0);
   EXPECT_EQ(device().capturing_trace(q0).has_value(), true);
