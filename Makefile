@@ -32,6 +32,8 @@ test-tsan: setup
 	ctest --preset tsan -j $(JOBS)
 
 bench: build
+	@scripts/setup.sh --bench
+	./build/bin/retrace bench --json build/bench.json --plot build/bench.png
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer

@@ -28,5 +28,8 @@ void parallel_for(std::int64_t n, std::int64_t min_chunk, Body&& body) {
 
 // Threads parallel_for uses (the calling thread included).
 [[nodiscard]] int kernel_threads() noexcept;
+// Caps the threads parallel_for uses (at least 1; at most the cores); for benchmarks that
+// compare thread counts in one process.
+void set_kernel_thread_limit(int threads) noexcept;
 
 }  // namespace retrace::cpu

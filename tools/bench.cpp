@@ -1,0 +1,190 @@
+// retrace bench: the comparison matrix of one denoising step of the example DiT.
+// Sizes S (dispatch-bound), M, L (compute-bound); float32; 1 and 2 kernel threads. Modes, per
+// step: eager (ops dispatched one by one), traced (the step replayed), floor (the same math
+// straight on the kernel library, FloorDiT). Modes are interleaved and repeated in one process;
+// medians and ratios go to JSON, and a gnuplot chart when gnuplot is installed. The libtorch
+// mode is not part of this build yet and is reported as skipped.
+#include "floor_dit.hpp"
+#include "model_options.hpp"
+
+#include "cpu/parallel.hpp"
+
+#include <cblas.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+
+namespace retrace::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Size {
+  std::string name;
+  models::DiTConfig config;
+};
+
+const std::vector<Size>& all_sizes() {
+  static const std::vector<Size> sizes = {
+      {"S", {.tokens = 16, .hidden = 64, .depth = 2, .heads = 2}},
+      {"M", {.tokens = 256, .hidden = 256, .depth = 4, .heads = 4}},
+      {"L", {.tokens = 1024, .hidden = 512, .depth = 4, .heads = 8}}};
+  return sizes;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+template <class F>
+double time_ms(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Row {
+  std::string size;
+  int threads;
+  double eager_ms, traced_ms, floor_ms, floor_max_rel_diff;
+};
+
+Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
+  cpu::set_kernel_thread_limit(threads);
+  openblas_set_num_threads(threads);
+  auto device = open_cpu_device();
+  const models::DiTConfig& c = size.config;
+  models::DiT model(c, *device);
+  const Shape shape{1, c.tokens, c.hidden};
+  std::vector<float> start(static_cast<std::size_t>(c.tokens * c.hidden));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : start) v = dist(rng);
+  const std::vector<float> features = model.timestep_features(0.5f);
+  const float dt = -1.0f / static_cast<float>(steps);
+  const Tensor t_features = Tensor::from_vector<float>(features, {1, c.hidden}, c.dtype).to_device(*device);
+
+  Tensor eager_x = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
+  auto tracer = make_tracer(
+      [&](const Tensor& x, const Tensor& t) { return model.euler_step(x, t, dt); }, *device);
+  const Tensor slot = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
+  tracer(slot, t_features);  // capture (and run once)
+  FloorDiT floor(model, c.tokens);
+  std::vector<float> floor_x = start;
+
+  // Agreement: one step of each from the same state.
+  {
+    std::vector<float> f = start;
+    floor.step(f.data(), features.data(), dt);
+    const Tensor once = model.euler_step(
+        Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device), t_features, dt);
+    const std::vector<float> e = once.to_vector<float>();
+    double worst = 0.0;
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
+    }
+    floor.step(floor_x.data(), features.data(), 0.0f);  // warm up
+    Row row{size.name, threads, 0, 0, 0, worst};
+    std::vector<double> eager_ms, traced_ms, floor_ms;
+    for (int r = 0; r < repeats; ++r) {
+      for (std::int64_t s = 0; s < steps; ++s) {
+        eager_ms.push_back(time_ms([&] {
+          eager_x = model.euler_step(eager_x, t_features, dt);
+          device->synchronize();
+        }));
+        traced_ms.push_back(time_ms([&] {
+          const Tensor& next = tracer(std::get<0>(tracer.inputs()), t_features);
+          ops::copy(next, std::get<0>(tracer.inputs()));
+          device->synchronize();
+        }));
+        floor_ms.push_back(time_ms([&] { floor.step(floor_x.data(), features.data(), dt); }));
+      }
+    }
+    row.eager_ms = median(eager_ms);
+    row.traced_ms = median(traced_ms);
+    row.floor_ms = median(floor_ms);
+    return row;
+  }
+}
+
+void write_plot(const std::string& path, const std::vector<Row>& rows) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    std::printf("plot skipped: gnuplot is not installed (make bench installs gnuplot-nox)\n");
+    return;
+  }
+  const std::string data = path + ".dat", script = path + ".gp";
+  {
+    std::ofstream out(data);
+    out << "case eager traced floor\n";
+    for (const Row& r : rows) {
+      out << r.size << "/" << r.threads << "t " << r.eager_ms << " " << r.traced_ms << " "
+          << r.floor_ms << "\n";
+    }
+  }
+  {
+    std::ofstream out(script);
+    out << "set terminal pngcairo size 900,500\nset output '" << path << "'\n"
+        << "set title 'retrace: one DiT denoising step (float32, CPU device)'\n"
+        << "set ylabel 'ms per step (log scale)'\nset logscale y\nset style data histograms\n"
+        << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
+        << "set key top left\nset grid ytics\nset xlabel 'size / kernel threads'\n"
+        << "plot '" << data << "' using 2:xtic(1) title 'eager', '' using 3 title 'traced', "
+        << "'' using 4 title 'floor'\n";
+  }
+  const int rc = std::system(("gnuplot '" + script + "'").c_str());
+  std::printf(rc == 0 ? "wrote %s\n" : "gnuplot failed for %s\n", path.c_str());
+}
+
+}  // namespace
+
+int run_bench(const std::string& json_path, const std::string& plot_path,
+              const std::vector<std::string>& size_names, int repeats, std::int64_t steps) {
+  std::vector<Row> rows;
+  std::printf("retrace bench: one DiT Euler step, float32, medians of %d x %lld steps per mode\n",
+              repeats, static_cast<long long>(steps));
+  std::printf("libtorch mode skipped: not part of this build yet\n");
+  std::printf("%-4s %7s %10s %10s %10s %14s %14s %12s\n", "size", "threads", "eager_ms",
+              "traced_ms", "floor_ms", "eager/traced", "traced/floor", "floor~traced");
+  for (const std::string& name : size_names) {
+    const auto& sizes = all_sizes();
+    auto it = std::find_if(sizes.begin(), sizes.end(), [&](const Size& s) { return s.name == name; });
+    RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)", name);
+    for (int threads : {1, 2}) {
+      const Row r = measure(*it, threads, repeats, steps);
+      rows.push_back(r);
+      std::printf("%-4s %7d %10.3f %10.3f %10.3f %13.2fx %13.2fx %12.1e\n", r.size.c_str(),
+                  r.threads, r.eager_ms, r.traced_ms, r.floor_ms, r.eager_ms / r.traced_ms,
+                  r.traced_ms / r.floor_ms, r.floor_max_rel_diff);
+    }
+  }
+  cpu::set_kernel_thread_limit(1 << 20);
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows) {
+    out.push_back({{"size", r.size},
+                   {"threads", r.threads},
+                   {"eager_ms", r.eager_ms},
+                   {"traced_ms", r.traced_ms},
+                   {"libtorch_ms", nullptr},
+                   {"floor_ms", r.floor_ms},
+                   {"traced_over_floor", r.traced_ms / r.floor_ms},
+                   {"traced_over_libtorch", nullptr},
+                   {"eager_over_traced", r.eager_ms / r.traced_ms},
+                   {"floor_max_relative_difference", r.floor_max_rel_diff}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (!plot_path.empty()) write_plot(plot_path, rows);
+  return 0;
+}
+
+}  // namespace retrace::cli

@@ -1,0 +1,116 @@
+#include "floor_dit.hpp"
+
+#include "cpu/elementwise.hpp"
+#include "cpu/gemm.hpp"
+
+#include <cmath>
+
+namespace retrace::cli {
+
+namespace {
+float silu(float x) { return x / (1.0f + cpu::vector_exp(-x)); }
+}  // namespace
+
+FloorDiT::FloorDiT(const models::DiT& model, std::int64_t tokens)
+    : config_(model.config()), tokens_(tokens) {
+  const std::int64_t h = config_.hidden, t = tokens;
+  for (const auto& [name, shape] : models::DiT::weight_shapes(config_)) {
+    weights_[name] = model.weight(name).to_vector<float>();
+  }
+  temb_.resize(h);
+  hidden_.resize(h);
+  c_.resize(h);
+  mod_.resize(6 * h);
+  y_.resize(t * h);
+  qkv_.resize(t * 3 * h);
+  attn_.resize(t * h);
+  proj_.resize(t * h);
+  mlp_.resize(t * 4 * h);
+  v_.resize(t * h);
+  const std::int64_t d = h / config_.heads;
+  q_.resize(t * d);
+  k_.resize(t * d);
+  vh_.resize(t * d);
+  scores_.resize(t * t);
+  head_out_.resize(t * d);
+}
+
+void FloorDiT::linear(const float* x, std::int64_t rows, const std::string& prefix,
+                      std::int64_t out, std::int64_t in, float* y) const {
+  const std::vector<float>& bias = w(prefix + ".bias");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < out; ++j) y[r * out + j] = bias[j];
+  }
+  cpu::sgemm(false, true, rows, out, in, 1.0f, x, w(prefix + ".weight").data(), 1.0f, y);
+}
+
+void FloorDiT::modulated_norm(const float* x, const float* shift, const float* scale,
+                              float* y) const {
+  const std::int64_t h = config_.hidden;
+  for (std::int64_t r = 0; r < tokens_; ++r) {
+    const float* row = x + r * h;
+    float mean = 0.0f, var = 0.0f;
+    for (std::int64_t j = 0; j < h; ++j) mean += row[j];
+    mean /= static_cast<float>(h);
+    for (std::int64_t j = 0; j < h; ++j) var += (row[j] - mean) * (row[j] - mean);
+    const float inv = 1.0f / std::sqrt(var / static_cast<float>(h) + 1e-6f);
+    for (std::int64_t j = 0; j < h; ++j) {
+      y[r * h + j] = (row[j] - mean) * inv * (scale[j] + 1.0f) + shift[j];
+    }
+  }
+}
+
+void FloorDiT::attention(const float* qkv, float* out) {
+  const std::int64_t h = config_.hidden, heads = config_.heads, d = h / heads, t = tokens_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (std::int64_t head = 0; head < heads; ++head) {
+    for (std::int64_t i = 0; i < t; ++i) {
+      for (std::int64_t e = 0; e < d; ++e) {
+        q_[i * d + e] = qkv[i * 3 * h + head * d + e];
+        k_[i * d + e] = qkv[i * 3 * h + h + head * d + e];
+        vh_[i * d + e] = qkv[i * 3 * h + 2 * h + head * d + e];
+      }
+    }
+    cpu::sgemm(false, true, t, t, d, scale, q_.data(), k_.data(), 0.0f, scores_.data());
+    for (std::int64_t i = 0; i < t; ++i) cpu::softmax_row(&scores_[i * t], &scores_[i * t], t);
+    cpu::sgemm(false, false, t, d, t, 1.0f, scores_.data(), vh_.data(), 0.0f, head_out_.data());
+    for (std::int64_t i = 0; i < t; ++i) {
+      for (std::int64_t e = 0; e < d; ++e) out[i * h + head * d + e] = head_out_[i * d + e];
+    }
+  }
+}
+
+void FloorDiT::step(float* x, const float* t_features, float dt) {
+  const std::int64_t h = config_.hidden, t = tokens_;
+  linear(t_features, 1, "t_embedder.mlp.0", h, h, temb_.data());
+  for (float& v : temb_) v = silu(v);
+  linear(temb_.data(), 1, "t_embedder.mlp.2", h, h, hidden_.data());
+  for (std::int64_t j = 0; j < h; ++j) c_[j] = silu(hidden_[j]);
+  // The blocks work on a copy of x; x itself is only updated by the Euler step.
+  std::vector<float>& state = proj_;
+  state.assign(x, x + t * h);
+  for (std::int64_t b = 0; b < config_.depth; ++b) {
+    const std::string p = fmt::format("blocks.{}.", b);
+    linear(c_.data(), 1, p + "adaLN_modulation.1", 6 * h, h, mod_.data());
+    const float* m = mod_.data();
+    modulated_norm(state.data(), m, m + h, y_.data());
+    linear(y_.data(), t, p + "attn.qkv", 3 * h, h, qkv_.data());
+    attention(qkv_.data(), attn_.data());
+    linear(attn_.data(), t, p + "attn.proj", h, h, v_.data());
+    for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * m[2 * h + i % h];
+    modulated_norm(state.data(), m + 3 * h, m + 4 * h, y_.data());
+    linear(y_.data(), t, p + "mlp.fc1", 4 * h, h, mlp_.data());
+    for (float& v : mlp_) {
+      const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+      v = v * (1.0f - 1.0f / (cpu::vector_exp(2.0f * inner) + 1.0f));
+    }
+    linear(mlp_.data(), t, p + "mlp.fc2", h, 4 * h, v_.data());
+    for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * m[5 * h + i % h];
+  }
+  linear(c_.data(), 1, "final_layer.adaLN_modulation.1", 2 * h, h, mod_.data());
+  modulated_norm(state.data(), mod_.data(), mod_.data() + h, y_.data());
+  linear(y_.data(), t, "final_layer.linear", h, h, v_.data());
+  for (std::int64_t i = 0; i < t * h; ++i) x[i] += dt * v_[i];
+}
+
+}  // namespace retrace::cli
