@@ -126,7 +126,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
   const std::string data = path + ".dat", script = path + ".gp";
   {
     std::ofstream out(data);
-    out << "case eager traced floor\n";
+    out << "# case eager traced floor\n";
     for (const Row& r : rows) {
       out << r.size << "/" << r.threads << "t " << r.eager_ms << " " << r.traced_ms << " "
           << r.floor_ms << "\n";
