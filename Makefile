@@ -31,8 +31,9 @@ test-tsan: setup
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan -j $(JOBS)
 
-bench: build
+bench:
 	@scripts/setup.sh --bench
+	$(MAKE) build
 	./build/bin/retrace bench --json build/bench.json --plot build/bench.png
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops

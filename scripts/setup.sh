@@ -6,8 +6,9 @@ packages=(
   libfmt-dev libspdlog-dev libeigen3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
 )
-# `setup.sh --bench` adds what `make bench` needs on top (gnuplot for the chart).
-if [[ "${1:-}" == "--bench" ]]; then packages+=(gnuplot-nox); fi
+# `setup.sh --bench` adds what `make bench` needs on top: gnuplot for the chart, libtorch for
+# the bench's libtorch mode.
+if [[ "${1:-}" == "--bench" ]]; then packages+=(gnuplot-nox libtorch-dev); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

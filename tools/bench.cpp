@@ -1,10 +1,12 @@
 // retrace bench: the comparison matrix of one denoising step of the example DiT.
 // Sizes S (dispatch-bound), M, L (compute-bound); float32; 1 and 2 kernel threads. Modes, per
 // step: eager (ops dispatched one by one), traced (the step replayed), floor (the same math
-// straight on the kernel library, FloorDiT). Modes are interleaved and repeated in one process;
-// medians and ratios go to JSON, and a gnuplot chart when gnuplot is installed. The libtorch
-// mode is not part of this build yet and is reported as skipped.
+// straight on the kernel library, FloorDiT) and libtorch (the same model and weights in
+// libtorch's C++ API, when the build found libtorch; its output must match ours within a
+// relative error of 1e-4 or the bench fails). Modes are interleaved and repeated in one
+// process; medians and ratios go to JSON, and a gnuplot chart when gnuplot is installed.
 #include "floor_dit.hpp"
+#include "torch_dit.hpp"
 #include "model_options.hpp"
 
 #include "cpu/parallel.hpp"
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 
 namespace retrace::cli {
@@ -55,7 +58,18 @@ struct Row {
   std::string size;
   int threads;
   double eager_ms, traced_ms, floor_ms, floor_max_rel_diff;
+  std::optional<double> libtorch_ms, libtorch_rel_error;
 };
+
+// max |got - want| / max |want|.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
 
 Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
   cpu::set_kernel_thread_limit(threads);
@@ -86,6 +100,10 @@ Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
   tracer(slot, t_features);  // capture (and run once)
   FloorDiT floor(model, c.tokens);
   std::vector<float> floor_x = start;
+  std::string torch_missing;
+  std::unique_ptr<TorchStep> torch_step = make_torch_step(model, c.tokens, torch_missing);
+  std::vector<float> torch_x = start;
+  if (torch_step) torch_step->set_threads(threads);
 
   // Agreement: one step of each from the same state.
   {
@@ -99,8 +117,13 @@ Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
       worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
     }
     floor.step(floor_x.data(), features.data(), 0.0f);  // warm up
-    Row row{size.name, threads, 0, 0, 0, worst};
-    std::vector<double> eager_ms, traced_ms, floor_ms;
+    Row row{size.name, threads, 0, 0, 0, worst, std::nullopt, std::nullopt};
+    if (torch_step) {
+      std::vector<float> t = start;
+      torch_step->step(t.data(), features.data(), dt);
+      row.libtorch_rel_error = relative_error(t, e);
+    }
+    std::vector<double> eager_ms, traced_ms, floor_ms, torch_ms;
     for (int r = 0; r < repeats; ++r) {
       for (std::int64_t s = 0; s < steps; ++s) {
         eager_ms.push_back(time_ms([&] {
@@ -109,8 +132,13 @@ Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
         }));
         traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs()), t_features); }));
         floor_ms.push_back(time_ms([&] { floor.step(floor_x.data(), features.data(), dt); }));
+        if (torch_step) {
+          torch_ms.push_back(
+              time_ms([&] { torch_step->step(torch_x.data(), features.data(), dt); }));
+        }
       }
     }
+    if (torch_step) row.libtorch_ms = median(torch_ms);
     row.eager_ms = median(eager_ms);
     row.traced_ms = median(traced_ms);
     row.floor_ms = median(floor_ms);
@@ -126,10 +154,11 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
   const std::string data = path + ".dat", script = path + ".gp";
   {
     std::ofstream out(data);
-    out << "# case eager traced floor\n";
+    out << "# case eager traced floor libtorch\n";
     for (const Row& r : rows) {
       out << r.size << "/" << r.threads << "t " << r.eager_ms << " " << r.traced_ms << " "
-          << r.floor_ms << "\n";
+          << r.floor_ms << " " << (r.libtorch_ms ? fmt::format("{}", *r.libtorch_ms) : "NaN")
+          << "\n";
     }
   }
   {
@@ -140,7 +169,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
         << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
         << "set key top left\nset grid ytics\nset xlabel 'size / kernel threads'\n"
         << "plot '" << data << "' using 2:xtic(1) title 'eager', '' using 3 title 'traced', "
-        << "'' using 4 title 'floor'\n";
+        << "'' using 4 title 'floor', '' using 5 title 'libtorch'\n";
   }
   const int rc = std::system(("gnuplot '" + script + "'").c_str());
   std::printf(rc == 0 ? "wrote %s\n" : "gnuplot failed for %s\n", path.c_str());
@@ -150,12 +179,21 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
 
 int run_bench(const std::string& json_path, const std::string& plot_path,
               const std::vector<std::string>& size_names, int repeats, std::int64_t steps) {
+  // libtorch's OpenMP threads spin after each op by default, stealing the core from the modes
+  // measured next; make them sleep (must be set before libtorch starts its thread pool).
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   std::vector<Row> rows;
   std::printf("retrace bench: one DiT Euler step, float32, medians of %d x %lld steps per mode\n",
               repeats, static_cast<long long>(steps));
-  std::printf("libtorch mode skipped: not part of this build yet\n");
-  std::printf("%-4s %7s %10s %10s %10s %14s %14s %12s\n", "size", "threads", "eager_ms",
-              "traced_ms", "floor_ms", "eager/traced", "traced/floor", "floor~traced");
+  {
+    std::string why;
+    auto device = open_cpu_device();
+    models::DiT probe(models::DiTConfig{.tokens = 2, .hidden = 8, .depth = 1, .heads = 2}, *device);
+    if (!make_torch_step(probe, 2, why)) std::printf("libtorch mode skipped: %s\n", why.c_str());
+  }
+  std::printf("%-4s %7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "eager_ms",
+              "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
+              "traced/torch");
   for (const std::string& name : size_names) {
     const auto& sizes = all_sizes();
     auto it = std::find_if(sizes.begin(), sizes.end(), [&](const Size& s) { return s.name == name; });
@@ -163,31 +201,48 @@ int run_bench(const std::string& json_path, const std::string& plot_path,
     for (int threads : {1, 2}) {
       const Row r = measure(*it, threads, repeats, steps);
       rows.push_back(r);
-      std::printf("%-4s %7d %10.3f %10.3f %10.3f %13.2fx %13.2fx %12.1e\n", r.size.c_str(),
-                  r.threads, r.eager_ms, r.traced_ms, r.floor_ms, r.eager_ms / r.traced_ms,
-                  r.traced_ms / r.floor_ms, r.floor_max_rel_diff);
+      const std::string torch_ms = r.libtorch_ms ? fmt::format("{:.3f}", *r.libtorch_ms) : "-";
+      const std::string over_torch =
+          r.libtorch_ms ? fmt::format("{:.2f}x", r.traced_ms / *r.libtorch_ms) : "-";
+      std::printf("%-4s %7d %10.3f %10.3f %10.3f %11s %12.2fx %12.2fx %13s\n", r.size.c_str(),
+                  r.threads, r.eager_ms, r.traced_ms, r.floor_ms, torch_ms.c_str(),
+                  r.eager_ms / r.traced_ms, r.traced_ms / r.floor_ms, over_torch.c_str());
     }
   }
   cpu::set_kernel_thread_limit(1 << 20);
   nlohmann::json out = nlohmann::json::array();
+  bool torch_mismatch = false;
+  auto optional = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
   for (const Row& r : rows) {
     out.push_back({{"size", r.size},
                    {"threads", r.threads},
                    {"eager_ms", r.eager_ms},
                    {"traced_ms", r.traced_ms},
-                   {"libtorch_ms", nullptr},
+                   {"libtorch_ms", optional(r.libtorch_ms)},
                    {"floor_ms", r.floor_ms},
                    {"traced_over_floor", r.traced_ms / r.floor_ms},
-                   {"traced_over_libtorch", nullptr},
+                   {"traced_over_libtorch",
+                    optional(r.libtorch_ms ? std::optional<double>(r.traced_ms / *r.libtorch_ms)
+                                           : std::nullopt)},
                    {"eager_over_traced", r.eager_ms / r.traced_ms},
-                   {"floor_max_relative_difference", r.floor_max_rel_diff}});
+                   {"floor_relative_difference", r.floor_max_rel_diff},
+                   {"libtorch_relative_error", optional(r.libtorch_rel_error)}});
+    if (r.libtorch_rel_error && *r.libtorch_rel_error > 1e-4) {
+      std::fprintf(stderr,
+                   "retrace bench: size %s, %d threads: libtorch and retrace differ by a relative "
+                   "error of %.2e (limit 1e-4)\n",
+                   r.size.c_str(), r.threads, *r.libtorch_rel_error);
+      torch_mismatch = true;
+    }
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("wrote %s\n", json_path.c_str());
   }
   if (!plot_path.empty()) write_plot(plot_path, rows);
-  return 0;
+  return torch_mismatch ? 1 : 0;
 }
 
 }  // namespace retrace::cli
