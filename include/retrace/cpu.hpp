@@ -2,9 +2,10 @@
 //
 // Memory is one arena per device with real, stable, 64-byte aligned addresses. Each command
 // queue either runs its work on a worker thread (ExecutionMode::worker, the default) or on the
-// calling thread as it is enqueued (ExecutionMode::inline_). A blocking replay of an idle queue
-// always runs on the calling thread: a hand-off to another core costs microseconds, more than
-// replaying a small trace. Commands are plain structs (a kernel function pointer and its
+// calling thread as it is enqueued (ExecutionMode::inline_). A blocking replay always runs on the
+// calling thread, once the queue's earlier work is done: a hand-off to another core costs
+// microseconds, more than replaying a small trace. Kernels split large loops across the cores
+// (RETRACE_KERNEL_THREADS caps the threads). Commands are plain structs (a kernel function pointer and its
 // parameters), replayed by walking an array.
 //
 //   retrace::CpuDeviceOptions options;
