@@ -61,6 +61,7 @@ BlockInfo CpuMemory::allocate(std::size_t bytes, std::optional<TraceId> capture)
     if (auto offset = reuse_from_pool(*pool, span)) {
       Block& block = blocks_.at(*offset);
       block.size = bytes;
+      block.extent = std::max(block.extent, bytes);
       block.held = true;
       write_guards(*offset, block);
       return describe(*offset, block);
@@ -73,7 +74,7 @@ BlockInfo CpuMemory::allocate(std::size_t bytes, std::optional<TraceId> capture)
                   human_bytes(trace_region_ - trace_bytes_), human_bytes(trace_bytes_));
   }
   const std::size_t offset = carve(span, bytes);
-  Block& block = blocks_.emplace(offset, Block{span, bytes, capture, true}).first->second;
+  Block& block = blocks_.emplace(offset, Block{span, bytes, bytes, capture, true}).first->second;
   in_use_ += span;
   peak_ = std::max(peak_, in_use_);
   if (pool != nullptr) {
@@ -180,7 +181,7 @@ void CpuMemory::write_guards(std::size_t offset, const Block& block) noexcept {
   if (guard_ == 0) return;
   std::byte* start = base_ + offset;
   std::memset(start, static_cast<int>(kGuardPattern), guard_);
-  const std::size_t tail = guard_ + block.size;
+  const std::size_t tail = guard_ + block.extent;
   std::memset(start + tail, static_cast<int>(kGuardPattern), block.span - tail);
 }
 
@@ -188,7 +189,7 @@ std::optional<std::string> CpuMemory::check_guards(std::size_t offset,
                                                    const Block& block) const noexcept {
   if (guard_ == 0) return std::nullopt;
   const std::byte* start = base_ + offset;
-  const std::size_t tail = guard_ + block.size;
+  const std::size_t tail = guard_ + block.extent;
   auto damaged = [&](std::size_t from, std::size_t to) {
     return std::any_of(start + from, start + to, [](std::byte b) { return b != kGuardPattern; });
   };
@@ -197,7 +198,7 @@ std::optional<std::string> CpuMemory::check_guards(std::size_t offset,
   if (!before && !after) return std::nullopt;
   try {
     return fmt::format("{}: a kernel wrote {} the {}-byte buffer at 0x{:x}", device_name_,
-                       before ? "before the start of" : "past the end of", block.size,
+                       before ? "before the start of" : "past the end of", block.extent,
                        reinterpret_cast<std::uintptr_t>(start + guard_));
   } catch (...) {
     return std::string("guard bytes damaged");

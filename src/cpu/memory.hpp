@@ -45,8 +45,12 @@ class CpuMemory {
 
  private:
   struct Block {
-    std::size_t span;  // bytes reserved, guards included
-    std::size_t size;  // bytes requested
+    std::size_t span;    // bytes reserved, guards included
+    std::size_t size;    // bytes requested
+    // Bytes that kernels may legitimately write: the largest size the block had within its
+    // trace (a capture may reuse a freed temporary for a smaller one, and replays still write
+    // the earlier, larger tensor there). The tail guard starts after it.
+    std::size_t extent;
     std::optional<TraceId> pool;
     bool held;  // a Buffer handle refers to it
   };
