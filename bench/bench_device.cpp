@@ -7,7 +7,7 @@
 // Counter per_command: seconds per recorded command or eager op ("48n" = 48 ns).
 #include "cpu/elementwise.hpp"
 
-#include "bench_util.hpp"
+#include "util/timing.hpp"
 
 #include <benchmark/benchmark.h>
 #include <retrace/retrace.hpp>
@@ -20,9 +20,9 @@
 namespace {
 
 using namespace retrace;
-using bench::Clock;
-using bench::median;
-using bench::seconds;
+using timing::Clock;
+using timing::median;
+using timing::seconds;
 constexpr std::int64_t kElements = 1024;
 
 std::unique_ptr<Device> make_device(ExecutionMode mode) {

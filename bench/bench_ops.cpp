@@ -11,7 +11,7 @@
 //    and writes 16 MiB) next to std::memcpy of 16 MiB, interleaved; `ratio` = op / memcpy.
 #include "cpu/gemm.hpp"
 
-#include "bench_util.hpp"
+#include "util/timing.hpp"
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -25,9 +25,9 @@
 namespace {
 
 using namespace retrace;
-using bench::Clock;
-using bench::median;
-using bench::seconds;
+using timing::Clock;
+using timing::median;
+using timing::seconds;
 
 struct MatmulSetup {
   std::unique_ptr<Device> device = open_cpu_device();

@@ -6,7 +6,7 @@
 // same trace, interleaved so machine noise hits both alike. Counters:
 //   tracer_ns   per tracer call;   execute_ns per bare execute_trace;
 //   overhead_ns = tracer_ns - execute_ns;   goal_ns = 150 + 15 * N (the target).
-#include "bench_util.hpp"
+#include "util/timing.hpp"
 
 #include <benchmark/benchmark.h>
 #include <retrace/retrace.hpp>
@@ -18,9 +18,9 @@
 namespace {
 
 using namespace retrace;
-using bench::Clock;
-using bench::median;
-using bench::seconds;
+using timing::Clock;
+using timing::median;
+using timing::seconds;
 
 void BM_TracerOverhead(benchmark::State& state) {
   const auto leaves = static_cast<int>(state.range(0));

@@ -6,10 +6,11 @@
 // relative error of 1e-4 or the bench fails). Modes are interleaved and repeated in one
 // process; medians and ratios go to JSON, and a gnuplot chart when gnuplot is installed.
 #include "floor_dit.hpp"
-#include "torch_dit.hpp"
 #include "model_options.hpp"
+#include "torch_dit.hpp"
 
 #include "cpu/parallel.hpp"
+#include "util/timing.hpp"
 
 #include <cblas.h>
 #include <nlohmann/json.hpp>
@@ -27,7 +28,8 @@ namespace retrace::cli {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using timing::Clock;
+using timing::median;
 
 struct Size {
   std::string name;
@@ -42,16 +44,11 @@ const std::vector<Size>& all_sizes() {
   return sizes;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 template <class F>
 double time_ms(F&& f) {
   const auto t0 = Clock::now();
   f();
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  return timing::milliseconds_since(t0);
 }
 
 struct Row {
@@ -84,7 +81,8 @@ Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
   for (float& v : start) v = dist(rng);
   const std::vector<float> features = model.timestep_features(0.5f);
   const float dt = -1.0f / static_cast<float>(steps);
-  const Tensor t_features = Tensor::from_vector<float>(features, {1, c.hidden}, c.dtype).to_device(*device);
+  const Tensor t_features =
+      Tensor::from_vector<float>(features, {1, c.hidden}, c.dtype).to_device(*device);
 
   Tensor eager_x = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
   // The traced step updates the latents in place (the copy is part of the trace), so a step is
@@ -196,8 +194,10 @@ int run_bench(const std::string& json_path, const std::string& plot_path,
               "traced/torch");
   for (const std::string& name : size_names) {
     const auto& sizes = all_sizes();
-    auto it = std::find_if(sizes.begin(), sizes.end(), [&](const Size& s) { return s.name == name; });
-    RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)", name);
+    auto it =
+        std::find_if(sizes.begin(), sizes.end(), [&](const Size& s) { return s.name == name; });
+    RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)",
+                  name);
     for (int threads : {1, 2}) {
       const Row r = measure(*it, threads, repeats, steps);
       rows.push_back(r);

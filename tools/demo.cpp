@@ -3,6 +3,7 @@
 // input slot for the latents, as the ttnn pipelines do. Exits 1 if traced and eager final
 // latents differ in any bit.
 #include "model_options.hpp"
+#include "util/timing.hpp"
 
 #include <unistd.h>
 
@@ -15,16 +16,8 @@ namespace retrace::cli {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using timing::Clock;
+using timing::median;
 
 // A progress bar on a terminal; nothing in between when stdout is a pipe or a file.
 class Progress {
@@ -77,12 +70,13 @@ int run_demo(ModelOptions& o) {
       TracedOptions{.name = "DiT euler_step"});
   const std::vector<float> timesteps = models::euler_timesteps(o.steps);
   const float dt = -1.0f / static_cast<float>(o.steps);
-  std::printf("retrace demo: DiT (hidden %lld, depth %lld, heads %lld, %s, %s weights) on %s, "
-              "%lld Euler steps\n",
-              static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
-              static_cast<long long>(c.heads), o.dtype.c_str(),
-              o.weights.empty() ? "random" : o.weights.c_str(), device->name().c_str(),
-              static_cast<long long>(o.steps));
+  std::printf(
+      "retrace demo: DiT (hidden %lld, depth %lld, heads %lld, %s, %s weights) on %s, "
+      "%lld Euler steps\n",
+      static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
+      static_cast<long long>(c.heads), o.dtype.c_str(),
+      o.weights.empty() ? "random" : o.weights.c_str(), device->name().c_str(),
+      static_cast<long long>(o.steps));
 
   std::vector<std::int64_t> resolutions{c.tokens};
   if (c.tokens >= 2) resolutions.push_back(c.tokens / 2);
@@ -104,7 +98,7 @@ int run_demo(ModelOptions& o) {
               .to_device(*device);
       x = model->euler_step(x, features, dt);
       device->synchronize();
-      eager_ms.push_back(ms_since(t0));
+      eager_ms.push_back(timing::milliseconds_since(t0));
       eager_bar.tick(i + 1);
     }
     const std::vector<float> eager_final = x.to_vector<float>();
@@ -123,14 +117,15 @@ int run_demo(ModelOptions& o) {
                       c.dtype);
       const bool first = !step.tracer(*model, key);
       const Tensor& latents = first ? x0 : std::get<0>(step.inputs(*model, key));
-      const Tensor& next = step.traced_with(TraceCall{.key = key}, *model, latents,
-                                            timestep.data(), dt);
+      const Tensor& next =
+          step.traced_with(TraceCall{.key = key}, *model, latents, timestep.data(), dt);
       ops::copy(next, std::get<0>(step.inputs(*model, key)));
       device->synchronize();
-      (first ? capture_ms : traced_ms.emplace_back()) = ms_since(t0);
+      (first ? capture_ms : traced_ms.emplace_back()) = timing::milliseconds_since(t0);
       traced_bar.tick(i + 1);
     }
-    const std::vector<float> traced_final = std::get<0>(step.inputs(*model, key)).to_vector<float>();
+    const std::vector<float> traced_final =
+        std::get<0>(step.inputs(*model, key)).to_vector<float>();
     const TraceId trace = step.tracer(*model, key)->trace_ids().front();
     const TraceInfo info = device->trace_info(trace);
     const double traced_median = traced_ms.empty() ? capture_ms : median(traced_ms);
@@ -156,8 +151,9 @@ int run_demo(ModelOptions& o) {
   }
   std::printf("  live traces: %zu (one per resolution)\n", step.live_traces(*model));
   if (!all_identical) {
-    std::fprintf(stderr, "retrace demo: traced and eager results differ; this is a bug, please "
-                         "report it with the command line above\n");
+    std::fprintf(stderr,
+                 "retrace demo: traced and eager results differ; this is a bug, please "
+                 "report it with the command line above\n");
     return 1;
   }
   return 0;

@@ -20,7 +20,8 @@ void write_dot(const std::string& path, const TraceInfo& info,
   std::map<std::uint64_t, std::string> last_user;
   for (const auto& [name, address] : inputs) {
     const std::string node = fmt::format("\"in:{}\"", name);
-    out << "  " << node << " [label=\"" << name << "\", shape=ellipse, style=filled, fillcolor=lightblue];\n";
+    out << "  " << node << " [label=\"" << name
+        << "\", shape=ellipse, style=filled, fillcolor=lightblue];\n";
     last_user[address] = node;
   }
   for (std::size_t i = 0; i < info.ops.size(); ++i) {
@@ -51,36 +52,43 @@ int run_inspect(ModelOptions& o, const std::string& dot_path) {
       *device, TracerOptions{.name = "DiT euler_step"});
   const Tensor latents = ops::full({1, c.tokens, c.hidden}, 0.1, *device, c.dtype);
   const Tensor features =
-      Tensor::from_vector<float>(model->timestep_features(0.5f), {1, c.hidden}, c.dtype).to_device(*device);
+      Tensor::from_vector<float>(model->timestep_features(0.5f), {1, c.hidden}, c.dtype)
+          .to_device(*device);
   const Tensor& output = step(latents, features);
   const TraceId trace = step.trace_ids().front();
   const TraceInfo info = device->trace_info(trace);
 
-  std::printf("trace %llu of one DiT Euler step (tokens %lld, hidden %lld, depth %lld, heads %lld, %s) on %s\n",
-              static_cast<unsigned long long>(trace.value), static_cast<long long>(c.tokens),
-              static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
-              static_cast<long long>(c.heads), o.dtype.c_str(), device->name().c_str());
-  std::printf("  %zu commands, %s of private trace memory in %zu buffers, %zu outside buffers kept alive\n",
-              info.commands, human_bytes(info.bytes).c_str(), info.pool_buffers, info.external_buffers);
+  std::printf(
+      "trace %llu of one DiT Euler step (tokens %lld, hidden %lld, depth %lld, heads %lld, %s) on "
+      "%s\n",
+      static_cast<unsigned long long>(trace.value), static_cast<long long>(c.tokens),
+      static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
+      static_cast<long long>(c.heads), o.dtype.c_str(), device->name().c_str());
+  std::printf(
+      "  %zu commands, %s of private trace memory in %zu buffers, %zu outside buffers kept alive\n",
+      info.commands, human_bytes(info.bytes).c_str(), info.pool_buffers, info.external_buffers);
   std::map<std::string_view, std::size_t> by_op;
   for (std::string_view op : info.ops) ++by_op[op];
   std::vector<std::pair<std::size_t, std::string_view>> sorted;
   for (const auto& [op, n] : by_op) sorted.emplace_back(n, op);
   std::sort(sorted.rbegin(), sorted.rend());
   std::printf("commands by op:\n");
-  for (const auto& [n, op] : sorted) std::printf("  %-30.*s %5zu\n", static_cast<int>(op.size()), op.data(), n);
+  for (const auto& [n, op] : sorted)
+    std::printf("  %-30.*s %5zu\n", static_cast<int>(op.size()), op.data(), n);
   std::printf("input slots (replays read these buffers; refresh them in place):\n");
   std::vector<std::pair<std::string, std::uint64_t>> inputs;
   const auto& [slot_latents, slot_t] = step.inputs();
-  for (const auto& [name, t] : {std::pair<std::string, const Tensor*>{"args[0] latents", &slot_latents},
-                                {"args[1] timestep", &slot_t}}) {
+  for (const auto& [name, t] :
+       {std::pair<std::string, const Tensor*>{"args[0] latents", &slot_latents},
+        {"args[1] timestep", &slot_t}}) {
     std::printf("  %-18s %s\n", name.c_str(), t->to_string().c_str());
     inputs.emplace_back(name, t->address());
   }
   std::printf("output (the same object on every replay):\n  %s\n", output.to_string().c_str());
   if (!dot_path.empty()) {
     write_dot(dot_path, info, inputs, output.address());
-    std::printf("wrote %s (render: dot -Tpng %s -o trace.png)\n", dot_path.c_str(), dot_path.c_str());
+    std::printf("wrote %s (render: dot -Tpng %s -o trace.png)\n", dot_path.c_str(),
+                dot_path.c_str());
   }
   return 0;
 }

@@ -149,7 +149,8 @@ void fill_loop(T* out, std::int64_t n, typename Elem<T>::compute value) {
 template <BinaryOp op, class T>
 void binary_loop(const T* a, const T* b, T* out, std::int64_t n) {
   using E = Elem<T>;
-  for (std::int64_t i = 0; i < n; ++i) E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i)));
+  for (std::int64_t i = 0; i < n; ++i)
+    E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i)));
 }
 
 template <BinaryOp op, class T>

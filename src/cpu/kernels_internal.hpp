@@ -7,6 +7,7 @@
 #include "retrace/error.hpp"
 #include "retrace/kernels.hpp"
 
+#include <algorithm>
 #include <string_view>
 
 namespace retrace::cpu {
@@ -14,6 +15,18 @@ namespace retrace::cpu {
 template <class P>
 const P& params_as(const std::byte* params) {
   return *reinterpret_cast<const P*>(params);
+}
+
+// Rows of an iteration space of `rank` dimensions whose last one is the inner loop.
+inline std::int64_t outer_rows(const std::int64_t* shape, int rank) {
+  std::int64_t rows = 1;
+  for (int d = 0; d + 1 < rank; ++d) rows *= shape[d];
+  return rows;
+}
+
+// Rows per parallel task, so that a task covers at least `elements` elements.
+inline std::int64_t rows_per_task(std::int64_t row_length, std::int64_t elements) {
+  return std::max<std::int64_t>(1, elements / std::max<std::int64_t>(row_length, 1));
 }
 
 // Element offsets of operands for `row` of an iteration space whose last dimension is the

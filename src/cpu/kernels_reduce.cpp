@@ -14,9 +14,7 @@ namespace retrace::cpu {
 
 namespace {
 
-std::int64_t rows_per_task(std::int64_t cols) {
-  return std::max<std::int64_t>(1, (1 << 15) / std::max<std::int64_t>(cols, 1));
-}
+constexpr std::int64_t kElementsPerTask = 1 << 15;
 
 template <class T>
 void reduce_kernel(const std::byte* raw) {
@@ -24,19 +22,20 @@ void reduce_kernel(const std::byte* raw) {
   using E = Elem<T>;
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
-  parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t r = begin; r < end; ++r) {
-      const T* row = a + r * p.cols;
-      float acc = p.op == ReduceOp::max ? -std::numeric_limits<float>::infinity() : 0.0f;
-      if (p.op == ReduceOp::max) {
-        for (std::int64_t c = 0; c < p.cols; ++c) acc = std::max(acc, float(E::load(row, c)));
-      } else {
-        for (std::int64_t c = 0; c < p.cols; ++c) acc += float(E::load(row, c));
-        if (p.op == ReduceOp::mean) acc /= static_cast<float>(p.cols);
-      }
-      E::store(out, r, acc);
-    }
-  });
+  parallel_for(
+      p.rows, rows_per_task(p.cols, kElementsPerTask), [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t r = begin; r < end; ++r) {
+          const T* row = a + r * p.cols;
+          float acc = p.op == ReduceOp::max ? -std::numeric_limits<float>::infinity() : 0.0f;
+          if (p.op == ReduceOp::max) {
+            for (std::int64_t c = 0; c < p.cols; ++c) acc = std::max(acc, float(E::load(row, c)));
+          } else {
+            for (std::int64_t c = 0; c < p.cols; ++c) acc += float(E::load(row, c));
+            if (p.op == ReduceOp::mean) acc /= static_cast<float>(p.cols);
+          }
+          E::store(out, r, acc);
+        }
+      });
 }
 
 template <class T>
@@ -44,19 +43,22 @@ void softmax_kernel(const std::byte* raw) {
   const auto& p = params_as<SoftmaxParams>(raw);
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
-  parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t r = begin; r < end; ++r) {
-      if constexpr (std::is_same_v<T, float>) {
-        softmax_row(a + r * p.cols, out + r * p.cols, p.cols);
-      } else {
-        thread_local std::vector<float> row;
-        row.resize(static_cast<std::size_t>(p.cols));
-        for (std::int64_t c = 0; c < p.cols; ++c) row[c] = Elem<T>::load(a + r * p.cols, c);
-        softmax_row(row.data(), row.data(), p.cols);
-        for (std::int64_t c = 0; c < p.cols; ++c) Elem<T>::store(out + r * p.cols, c, row[c]);
-      }
-    }
-  });
+  parallel_for(p.rows, rows_per_task(p.cols, kElementsPerTask),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   if constexpr (std::is_same_v<T, float>) {
+                     softmax_row(a + r * p.cols, out + r * p.cols, p.cols);
+                   } else {
+                     thread_local std::vector<float> row;
+                     row.resize(static_cast<std::size_t>(p.cols));
+                     for (std::int64_t c = 0; c < p.cols; ++c)
+                       row[c] = Elem<T>::load(a + r * p.cols, c);
+                     softmax_row(row.data(), row.data(), p.cols);
+                     for (std::int64_t c = 0; c < p.cols; ++c)
+                       Elem<T>::store(out + r * p.cols, c, row[c]);
+                   }
+                 }
+               });
 }
 
 template <class T>
@@ -68,29 +70,30 @@ void norm_kernel(const std::byte* raw) {
   const T* b = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
   const auto cols = static_cast<float>(p.cols);
-  parallel_for(p.rows, rows_per_task(p.cols), [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t r = begin; r < end; ++r) {
-      const T* row = a + r * p.cols;
-      T* o = out + r * p.cols;
-      float mean = 0.0f;
-      if (!p.rms) {
-        for (std::int64_t c = 0; c < p.cols; ++c) mean += float(E::load(row, c));
-        mean /= cols;
-      }
-      float var = 0.0f;
-      for (std::int64_t c = 0; c < p.cols; ++c) {
-        const float d = float(E::load(row, c)) - mean;
-        var += d * d;
-      }
-      const float inv = 1.0f / std::sqrt(var / cols + p.eps);
-      for (std::int64_t c = 0; c < p.cols; ++c) {
-        float y = (float(E::load(row, c)) - mean) * inv;
-        if (w != nullptr) y *= float(E::load(w, c));
-        if (b != nullptr) y += float(E::load(b, c));
-        E::store(o, c, y);
-      }
-    }
-  });
+  parallel_for(p.rows, rows_per_task(p.cols, kElementsPerTask),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   const T* row = a + r * p.cols;
+                   T* o = out + r * p.cols;
+                   float mean = 0.0f;
+                   if (!p.rms) {
+                     for (std::int64_t c = 0; c < p.cols; ++c) mean += float(E::load(row, c));
+                     mean /= cols;
+                   }
+                   float var = 0.0f;
+                   for (std::int64_t c = 0; c < p.cols; ++c) {
+                     const float d = float(E::load(row, c)) - mean;
+                     var += d * d;
+                   }
+                   const float inv = 1.0f / std::sqrt(var / cols + p.eps);
+                   for (std::int64_t c = 0; c < p.cols; ++c) {
+                     float y = (float(E::load(row, c)) - mean) * inv;
+                     if (w != nullptr) y *= float(E::load(w, c));
+                     if (b != nullptr) y += float(E::load(b, c));
+                     E::store(o, c, y);
+                   }
+                 }
+               });
 }
 
 template <class T>
@@ -108,8 +111,14 @@ struct NormK {
 
 }  // namespace
 
-KernelFn resolve_reduce(const ReduceParams& p) { return float_kernel<ReduceK>(p, "reduce"); }
-KernelFn resolve_softmax(const SoftmaxParams& p) { return float_kernel<SoftmaxK>(p, "softmax"); }
-KernelFn resolve_norm(const NormParams& p) { return float_kernel<NormK>(p, "norm"); }
+KernelFn resolve_reduce(const ReduceParams& p) {
+  return float_kernel<ReduceK>(p, "reduce");
+}
+KernelFn resolve_softmax(const SoftmaxParams& p) {
+  return float_kernel<SoftmaxK>(p, "softmax");
+}
+KernelFn resolve_norm(const NormParams& p) {
+  return float_kernel<NormK>(p, "norm");
+}
 
 }  // namespace retrace::cpu

@@ -19,22 +19,20 @@ void strided_copy_kernel(const std::byte* raw) {
   const int last = p.rank - 1;
   const std::int64_t inner = p.shape[last];
   const std::int64_t ss = p.src_strides[last], ds = p.dst_strides[last];
-  std::int64_t outer = 1;
-  for (int d = 0; d < last; ++d) outer *= p.shape[d];
-  parallel_for(outer, std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(inner, 1)),
+  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, 1 << 16),
                [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t row = begin; row < end; ++row) {
-      std::int64_t offsets[2];
-      row_offsets(row, p.shape, last, {p.src_strides, p.dst_strides}, offsets);
-      const T* s = src + offsets[0];
-      T* o = dst + offsets[1];
-      if (ss == 1 && ds == 1) {
-        std::memcpy(o, s, static_cast<std::size_t>(inner) * sizeof(T));
-      } else {
-        for (std::int64_t j = 0; j < inner; ++j) o[j * ds] = s[j * ss];
-      }
-    }
-  });
+                 for (std::int64_t row = begin; row < end; ++row) {
+                   std::int64_t offsets[2];
+                   row_offsets(row, p.shape, last, {p.src_strides, p.dst_strides}, offsets);
+                   const T* s = src + offsets[0];
+                   T* o = dst + offsets[1];
+                   if (ss == 1 && ds == 1) {
+                     std::memcpy(o, s, static_cast<std::size_t>(inner) * sizeof(T));
+                   } else {
+                     for (std::int64_t j = 0; j < inner; ++j) o[j * ds] = s[j * ss];
+                   }
+                 }
+               });
 }
 
 template <class From, class To>
@@ -82,20 +80,27 @@ void tilize_kernel(const std::byte* raw) {
 
 KernelFn resolve_strided_copy(const StridedCopyParams& p) {
   switch (p.elem_size) {
-    case 1: return &strided_copy_kernel<std::uint8_t>;
-    case 2: return &strided_copy_kernel<std::uint16_t>;
-    case 4: return &strided_copy_kernel<std::uint32_t>;
-    default: break;
+    case 1:
+      return &strided_copy_kernel<std::uint8_t>;
+    case 2:
+      return &strided_copy_kernel<std::uint16_t>;
+    case 4:
+      return &strided_copy_kernel<std::uint32_t>;
+    default:
+      break;
   }
   RETRACE_FAIL(invalid_argument, "strided_copy: no kernel for {}-byte elements", p.elem_size);
 }
 
 KernelFn resolve_typecast(const TypecastParams& p) {
   return dispatch_dtype(p.from, [&]<class From>(From) {
-    return dispatch_dtype(p.to, []<class To>(To) -> KernelFn { return &typecast_kernel<From, To>; });
+    return dispatch_dtype(p.to,
+                          []<class To>(To) -> KernelFn { return &typecast_kernel<From, To>; });
   });
 }
 
-KernelFn resolve_tilize(const TilizeParams&) { return &tilize_kernel; }
+KernelFn resolve_tilize(const TilizeParams&) {
+  return &tilize_kernel;
+}
 
 }  // namespace retrace::cpu

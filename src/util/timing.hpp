@@ -1,11 +1,12 @@
-// Helpers shared by the benchmarks.
+// Timing helpers shared by the benchmarks and the CLI's demo and bench: a steady clock,
+// elapsed times and medians.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
-namespace retrace::bench {
+namespace retrace::timing {
 
 using Clock = std::chrono::steady_clock;
 
@@ -18,8 +19,8 @@ inline double seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-inline double nanoseconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::nano>(to - from).count();
+inline double milliseconds_since(Clock::time_point from) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - from).count();
 }
 
-}  // namespace retrace::bench
+}  // namespace retrace::timing
