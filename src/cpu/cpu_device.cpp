@@ -1,15 +1,44 @@
 // CpuDevice: the Device interface on the host CPU (see retrace/cpu.hpp).
-#include "cpu/memory.hpp"
+#include "core/arena.hpp"
 #include "cpu/queue.hpp"
 #include "retrace/cpu.hpp"
 #include "retrace/error.hpp"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 
 namespace retrace {
 namespace cpu {
 namespace {
+
+// The arena's backing: an anonymous mapping, so pages are only committed when touched.
+class MappedRegion {
+ public:
+  MappedRegion(const std::string& device_name, std::size_t bytes)
+      : bytes_(detail::Arena::round_capacity(std::max<std::size_t>(bytes, 1))) {
+    RETRACE_CHECK(bytes > 0, invalid_argument, "{}: memory_bytes must be positive", device_name);
+    void* mapped = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    RETRACE_CHECK(mapped != MAP_FAILED, out_of_memory,
+                  "{}: cannot reserve {} bytes for the arena ({})", device_name, bytes_,
+                  std::strerror(errno));
+    base_ = static_cast<std::byte*>(mapped);
+  }
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+  ~MappedRegion() { ::munmap(base_, bytes_); }
+
+  [[nodiscard]] std::byte* base() const noexcept { return base_; }
+  [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  std::size_t bytes_;
+  std::byte* base_ = nullptr;
+};
 
 struct CpuTrace final : TraceBase {
   std::shared_ptr<const Program> program;
@@ -22,7 +51,9 @@ class CpuDevice final : public Device {
   explicit CpuDevice(const CpuDeviceOptions& options)
       : Device("cpu", options.id, options.num_queues),
         options_(options),
-        memory_(name(), options.memory_bytes, options.trace_region_bytes, options.guard_bytes) {
+        region_(name(), options.memory_bytes),
+        memory_(name(), region_.base(), region_.size(), options.trace_region_bytes,
+                options.guard_bytes) {
     queues_.reserve(options.num_queues);
     for (std::uint32_t q = 0; q < options.num_queues; ++q) {
       queues_.push_back(
@@ -173,7 +204,8 @@ class CpuDevice final : public Device {
   }
 
   CpuDeviceOptions options_;
-  CpuMemory memory_;
+  MappedRegion region_;
+  detail::Arena memory_;
   std::vector<std::unique_ptr<CpuQueue>> queues_;
   std::optional<QueueId> capture_queue_;  // guarded by the base's capture protocol
   std::atomic<std::uint64_t> commands_executed_{0};

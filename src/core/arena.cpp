@@ -1,16 +1,13 @@
-#include "cpu/memory.hpp"
+#include "core/arena.hpp"
 
 #include "retrace/error.hpp"
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
 
-namespace retrace::cpu {
+namespace retrace::detail {
 
 namespace {
-constexpr std::size_t kAlignment = 64;
 constexpr std::byte kGuardPattern{0xA5};
 
 constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept {
@@ -25,34 +22,35 @@ std::string human_bytes(std::size_t bytes) {
 }
 }  // namespace
 
-CpuMemory::CpuMemory(std::string device_name, std::size_t capacity, std::size_t trace_region,
-                     std::size_t guard_bytes)
+Arena::Arena(std::string device_name, std::byte* base, std::size_t capacity,
+             std::size_t trace_region, std::size_t guard_bytes, std::size_t alignment)
     : device_name_(std::move(device_name)),
-      capacity_(round_up(capacity, kAlignment)),
+      capacity_(capacity / alignment * alignment),
       trace_region_(trace_region),
-      guard_(round_up(guard_bytes, kAlignment)) {
+      guard_(round_up(guard_bytes, alignment)),
+      alignment_(alignment),
+      base_(base) {
+  RETRACE_ASSERT(base != nullptr && alignment >= 64 && (alignment & (alignment - 1)) == 0,
+                 "arena of {}: bad region or alignment", device_name_);
   RETRACE_CHECK(capacity_ > 0, invalid_argument, "{}: memory_bytes must be positive",
                 device_name_);
-  void* mapped = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  RETRACE_CHECK(mapped != MAP_FAILED, out_of_memory, "{}: cannot reserve {} for the arena ({})",
-                device_name_, human_bytes(capacity_), std::strerror(errno));
-  base_ = static_cast<std::byte*>(mapped);
   free_.emplace(0, capacity_);
 }
 
-CpuMemory::~CpuMemory() { ::munmap(base_, capacity_); }
-
-std::size_t CpuMemory::span_for(std::size_t bytes) const noexcept {
-  return round_up(std::max<std::size_t>(bytes, 1), kAlignment) + 2 * guard_;
+std::size_t Arena::round_capacity(std::size_t bytes, std::size_t alignment) {
+  return round_up(bytes, alignment);
 }
 
-BlockInfo CpuMemory::describe(std::size_t offset, const Block& block) const noexcept {
+std::size_t Arena::span_for(std::size_t bytes) const noexcept {
+  return round_up(std::max<std::size_t>(bytes, 1), alignment_) + 2 * guard_;
+}
+
+BlockInfo Arena::describe(std::size_t offset, const Block& block) const noexcept {
   std::byte* data = base_ + offset + guard_;
   return BlockInfo{data, reinterpret_cast<std::uintptr_t>(data), block.size, block.pool};
 }
 
-BlockInfo CpuMemory::allocate(std::size_t bytes, std::optional<TraceId> capture) {
+BlockInfo Arena::allocate(std::size_t bytes, std::optional<TraceId> capture) {
   const std::size_t span = span_for(bytes);
   std::lock_guard lock(mutex_);
   Pool* pool = nullptr;
@@ -86,7 +84,7 @@ BlockInfo CpuMemory::allocate(std::size_t bytes, std::optional<TraceId> capture)
   return describe(offset, block);
 }
 
-std::optional<std::size_t> CpuMemory::reuse_from_pool(Pool& pool, std::size_t span) {
+std::optional<std::size_t> Arena::reuse_from_pool(Pool& pool, std::size_t span) {
   // Best fit among blocks this capture already freed, wasting at most half the block.
   auto it = pool.reusable.lower_bound(span);
   if (it == pool.reusable.end() || it->first > 2 * span) return std::nullopt;
@@ -95,7 +93,7 @@ std::optional<std::size_t> CpuMemory::reuse_from_pool(Pool& pool, std::size_t sp
   return offset;
 }
 
-std::size_t CpuMemory::carve(std::size_t span, std::size_t request) {
+std::size_t Arena::carve(std::size_t span, std::size_t request) {
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < span) continue;
     const std::size_t offset = it->first;
@@ -112,7 +110,7 @@ std::size_t CpuMemory::carve(std::size_t span, std::size_t request) {
                human_bytes(trace_bytes_));
 }
 
-void CpuMemory::give_back(std::size_t offset, std::size_t span) noexcept {
+void Arena::give_back(std::size_t offset, std::size_t span) noexcept {
   auto next = free_.lower_bound(offset);
   if (next != free_.end() && offset + span == next->first) {
     span += next->second;
@@ -128,7 +126,7 @@ void CpuMemory::give_back(std::size_t offset, std::size_t span) noexcept {
   free_.emplace(offset, span);
 }
 
-std::optional<std::string> CpuMemory::free(const BlockInfo& info) noexcept {
+std::optional<std::string> Arena::free(const BlockInfo& info) noexcept {
   const auto offset =
       static_cast<std::size_t>(static_cast<std::byte*>(info.data) - base_) - guard_;
   std::lock_guard lock(mutex_);
@@ -148,12 +146,12 @@ std::optional<std::string> CpuMemory::free(const BlockInfo& info) noexcept {
   return damage;
 }
 
-void CpuMemory::begin_pool(TraceId trace) {
+void Arena::begin_pool(TraceId trace) {
   std::lock_guard lock(mutex_);
   pools_.emplace(trace.value, Pool{});
 }
 
-std::pair<std::size_t, std::size_t> CpuMemory::seal_pool(TraceId trace) {
+std::pair<std::size_t, std::size_t> Arena::seal_pool(TraceId trace) {
   std::lock_guard lock(mutex_);
   Pool& pool = pools_.at(trace.value);
   pool.sealed = true;
@@ -161,7 +159,7 @@ std::pair<std::size_t, std::size_t> CpuMemory::seal_pool(TraceId trace) {
   return {pool.bytes, pool.offsets.size()};
 }
 
-void CpuMemory::release_pool(TraceId trace) noexcept {
+void Arena::release_pool(TraceId trace) noexcept {
   std::lock_guard lock(mutex_);
   auto found = pools_.find(trace.value);
   if (found == pools_.end()) return;
@@ -177,7 +175,7 @@ void CpuMemory::release_pool(TraceId trace) noexcept {
   pools_.erase(found);
 }
 
-void CpuMemory::write_guards(std::size_t offset, const Block& block) noexcept {
+void Arena::write_guards(std::size_t offset, const Block& block) noexcept {
   if (guard_ == 0) return;
   std::byte* start = base_ + offset;
   std::memset(start, static_cast<int>(kGuardPattern), guard_);
@@ -185,7 +183,7 @@ void CpuMemory::write_guards(std::size_t offset, const Block& block) noexcept {
   std::memset(start + tail, static_cast<int>(kGuardPattern), block.span - tail);
 }
 
-std::optional<std::string> CpuMemory::check_guards(std::size_t offset,
+std::optional<std::string> Arena::check_guards(std::size_t offset,
                                                    const Block& block) const noexcept {
   if (guard_ == 0) return std::nullopt;
   const std::byte* start = base_ + offset;
@@ -205,13 +203,13 @@ std::optional<std::string> CpuMemory::check_guards(std::size_t offset,
   }
 }
 
-std::size_t CpuMemory::largest_free_locked() const noexcept {
+std::size_t Arena::largest_free_locked() const noexcept {
   std::size_t largest = 0;
   for (const auto& [offset, span] : free_) largest = std::max(largest, span);
   return largest;
 }
 
-void CpuMemory::fill_stats(DeviceStats& stats) const {
+void Arena::fill_stats(DeviceStats& stats) const {
   std::lock_guard lock(mutex_);
   stats.capacity_bytes = capacity_;
   stats.bytes_in_use = in_use_;
@@ -222,4 +220,4 @@ void CpuMemory::fill_stats(DeviceStats& stats) const {
       std::count_if(blocks_.begin(), blocks_.end(), [](const auto& b) { return b.second.held; }));
 }
 
-}  // namespace retrace::cpu
+}  // namespace retrace::detail

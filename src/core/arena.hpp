@@ -1,7 +1,9 @@
-// CpuMemory: the CPU device's arena and its per-trace private pools.
+// Arena: a device's memory allocator and its per-trace private pools, shared by the backends.
 //
-// One mmap'd region per device; blocks are carved first-fit from an ordered free list and
-// coalesced on free, so addresses are real, stable and 64-byte aligned. Blocks allocated while a
+// The backend hands over one region (the CPU device: an mmap'd range; the CUDA device: one
+// cudaMalloc); blocks are carved first-fit from an ordered free list and coalesced on free, so
+// addresses are real, stable and aligned. The arena never touches the region's bytes unless
+// guard bytes are asked for (host-visible memory only). Blocks allocated while a
 // capture is in progress belong to that trace's pool:
 //  - during the capture, a pool block whose handle is dropped can be reused by the same capture
 //    (the queue runs in order, so the reuse is what eager execution would do);
@@ -22,15 +24,19 @@
 #include <unordered_map>
 #include <vector>
 
-namespace retrace::cpu {
+namespace retrace::detail {
 
-class CpuMemory {
+class Arena {
  public:
-  CpuMemory(std::string device_name, std::size_t capacity, std::size_t trace_region,
-            std::size_t guard_bytes);
-  ~CpuMemory();
-  CpuMemory(const CpuMemory&) = delete;
-  CpuMemory& operator=(const CpuMemory&) = delete;
+  // `base` is `capacity` bytes the caller owns and keeps alive while the arena lives; addresses
+  // handed out are multiples of `alignment` (a power of two, at least 64) from base.
+  Arena(std::string device_name, std::byte* base, std::size_t capacity, std::size_t trace_region,
+        std::size_t guard_bytes, std::size_t alignment = 64);
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Rounds a capacity request to what an arena with this alignment manages.
+  [[nodiscard]] static std::size_t round_capacity(std::size_t bytes, std::size_t alignment = 64);
 
   [[nodiscard]] BlockInfo allocate(std::size_t bytes, std::optional<TraceId> capture);
   // Returns a description of guard damage if the block's guard bytes were overwritten.
@@ -74,6 +80,7 @@ class CpuMemory {
   std::size_t capacity_;
   std::size_t trace_region_;
   std::size_t guard_;
+  std::size_t alignment_;
   std::byte* base_ = nullptr;
 
   mutable std::mutex mutex_;
@@ -85,4 +92,4 @@ class CpuMemory {
   std::size_t trace_bytes_ = 0;
 };
 
-}  // namespace retrace::cpu
+}  // namespace retrace::detail
