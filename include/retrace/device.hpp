@@ -229,6 +229,7 @@ class Device {
   virtual std::shared_ptr<detail::EventState> do_record_event(QueueId queue) = 0;
   virtual void do_wait_event(QueueId queue, const Event& event) = 0;
   virtual void do_begin_capture(QueueId queue, TraceId trace) = 0;
+  // If it throws, the backend has discarded the capture (and its pool); the queue is free again.
   virtual std::shared_ptr<TraceBase> do_end_capture(QueueId queue) = 0;
   virtual void do_execute_trace(TraceBase& trace, QueueId queue, Blocking blocking) = 0;
   virtual void do_release_trace(TraceBase& trace) noexcept = 0;

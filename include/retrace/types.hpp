@@ -7,7 +7,11 @@
 //   device.execute_trace(trace, q, retrace::Blocking::yes);
 #pragma once
 
+// fmt cannot be compiled by nvcc's front end: CUDA translation units get the types without their
+// formatters.
+#ifndef __CUDACC__
 #include <fmt/format.h>
+#endif
 
 #include <array>
 #include <compare>
@@ -75,6 +79,7 @@ inline constexpr QueueId kDefaultQueue{0};
 
 }  // namespace retrace
 
+#ifndef __CUDACC__
 template <class Tag, class Rep>
 struct fmt::formatter<retrace::StrongId<Tag, Rep>> : fmt::formatter<Rep> {
   auto format(retrace::StrongId<Tag, Rep> id, fmt::format_context& ctx) const {
@@ -93,3 +98,4 @@ struct fmt::formatter<retrace::Layout> : fmt::formatter<std::string_view> {
     return fmt::formatter<std::string_view>::format(retrace::layout_name(l), ctx);
   }
 };
+#endif  // __CUDACC__

@@ -14,13 +14,14 @@ constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept {
   return (n + to - 1) / to * to;
 }
 
+}  // namespace
+
 std::string human_bytes(std::size_t bytes) {
   if (bytes >= (std::size_t{1} << 30)) return fmt::format("{:.2f} GiB", bytes / 1073741824.0);
   if (bytes >= (std::size_t{1} << 20)) return fmt::format("{:.2f} MiB", bytes / 1048576.0);
   if (bytes >= 1024) return fmt::format("{:.2f} KiB", bytes / 1024.0);
   return fmt::format("{} bytes", bytes);
 }
-}  // namespace
 
 Arena::Arena(std::string device_name, std::byte* base, std::size_t capacity,
              std::size_t trace_region, std::size_t guard_bytes, std::size_t alignment)

@@ -26,6 +26,9 @@
 
 namespace retrace::detail {
 
+// "1.50 MiB": byte counts in messages.
+[[nodiscard]] std::string human_bytes(std::size_t bytes);
+
 class Arena {
  public:
   // `base` is `capacity` bytes the caller owns and keeps alive while the arena lives; addresses

@@ -231,7 +231,15 @@ TraceId Device::end_trace_capture(QueueId queue) {
   RETRACE_CHECK(*capture_queue_ == queue, failed_precondition,
                 "end_trace_capture: {} is not capturing ({} is capturing trace {})",
                 queue_label(queue), queue_label(*capture_queue_), capture_trace_);
-  std::shared_ptr<TraceBase> trace = do_end_capture(queue);
+  std::shared_ptr<TraceBase> trace;
+  try {
+    trace = do_end_capture(queue);
+  } catch (...) {
+    // The backend discarded the capture (e.g. CUDA invalidated it): the queue is free again.
+    capture_queue_.reset();
+    capturing_.store(false);
+    throw;
+  }
   trace->info.id = capture_trace_;
   trace->info.captured_on = queue;
   traces_.emplace(capture_trace_.value, std::move(trace));

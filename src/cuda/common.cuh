@@ -1,0 +1,92 @@
+// Shared by the CUDA kernel files: element access (bfloat16 stored as its 16 bits and computed
+// in float, rounded to nearest even exactly as retrace::bfloat16 does), the skip-after-failure
+// check and launch geometry.
+#pragma once
+
+#include "cuda/launch.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace retrace::cuda {
+
+// Storage type of bfloat16 in kernels.
+struct bf16_t {
+  std::uint16_t bits;
+};
+
+template <class T>
+struct Elem {
+  using compute = T;
+  __device__ static T load(const T* p, std::int64_t i) { return p[i]; }
+  __device__ static void store(T* p, std::int64_t i, T v) { p[i] = v; }
+};
+
+__device__ inline float bf16_to_float(std::uint16_t bits) {
+  return __uint_as_float(static_cast<unsigned int>(bits) << 16);
+}
+
+__device__ inline std::uint16_t float_to_bf16(float f) {
+  const unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <>
+struct Elem<bf16_t> {
+  using compute = float;
+  __device__ static float load(const bf16_t* p, std::int64_t i) { return bf16_to_float(p[i].bits); }
+  __device__ static void store(bf16_t* p, std::int64_t i, float v) {
+    p[i].bits = float_to_bf16(v);
+  }
+};
+
+// True when an earlier command of this queue or trace failed: the kernel must do nothing.
+__device__ inline bool aborted(const FailureRecord* record) {
+  return *reinterpret_cast<const volatile unsigned int*>(&record->abort) != 0u;
+}
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements.
+inline unsigned int blocks_for(std::int64_t n, int threads = kThreads) {
+  const std::int64_t blocks = (n + threads - 1) / threads;
+  constexpr std::int64_t kMaxBlocks = 65535LL * 8;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+#define RETRACE_GRID_STRIDE(i, n)                                                          \
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
+       i < (n); i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+
+// Sum (or max) of one value per thread over the block; every thread gets the result.
+// Needs blockDim.x a multiple of 32 and at most 1024.
+template <bool kMax>
+__device__ inline float block_reduce(float v) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, other) : v + other;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  v = lane < warps ? partial[lane] : (kMax ? -INFINITY : 0.0f);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, other) : v + other;
+  }
+  return v;
+}
+
+// Threads per block for a kernel that gives one block to each row of `cols` elements.
+inline unsigned int row_threads(std::int64_t cols) {
+  std::int64_t t = 32;
+  while (t < cols && t < 1024) t *= 2;
+  return static_cast<unsigned int>(t > 512 ? 512 : t);
+}
+
+}  // namespace retrace::cuda

@@ -1,0 +1,343 @@
+// Elementwise CUDA kernels: fill, binary (broadcasting), binary with a scalar, unary, typecast.
+// Contiguous float32/bfloat16 loops use 16-byte (float32) or 8-byte (bfloat16) vector loads
+// when the pointers allow it.
+#include "cuda/common.cuh"
+#include "cuda/kernels_cuda.hpp"
+
+namespace retrace::cuda {
+
+namespace {
+
+template <BinaryOp op, class C>
+__device__ inline C apply_binary(C a, C b) {
+  if constexpr (op == BinaryOp::add) {
+    return a + b;
+  } else if constexpr (op == BinaryOp::sub) {
+    return a - b;
+  } else if constexpr (op == BinaryOp::mul) {
+    return a * b;
+  } else if constexpr (op == BinaryOp::div) {
+    return a / b;
+  } else if constexpr (op == BinaryOp::maximum) {
+    return a > b ? a : b;
+  } else {
+    return a < b ? a : b;
+  }
+}
+
+template <UnaryOp op>
+__device__ inline float apply_unary(float x) {
+  if constexpr (op == UnaryOp::neg) {
+    return -x;
+  } else if constexpr (op == UnaryOp::abs) {
+    return fabsf(x);
+  } else if constexpr (op == UnaryOp::exp) {
+    return expf(x);
+  } else if constexpr (op == UnaryOp::log) {
+    return logf(x);
+  } else if constexpr (op == UnaryOp::sqrt) {
+    return sqrtf(x);
+  } else if constexpr (op == UnaryOp::rsqrt) {
+    return 1.0f / sqrtf(x);
+  } else if constexpr (op == UnaryOp::tanh) {
+    return tanhf(x);
+  } else if constexpr (op == UnaryOp::sigmoid) {
+    return 1.0f / (1.0f + expf(-x));
+  } else if constexpr (op == UnaryOp::relu) {
+    return x > 0.0f ? x : 0.0f;
+  } else if constexpr (op == UnaryOp::silu) {
+    return x / (1.0f + expf(-x));
+  } else if constexpr (op == UnaryOp::gelu) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  } else {
+    const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+  }
+}
+
+template <class T>
+__global__ void fill_kernel(const FailureRecord* record, T* out, std::int64_t n,
+                            typename Elem<T>::compute value) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) { Elem<T>::store(out, i, value); }
+}
+
+// Same-shape operands: a flat loop.
+template <BinaryOp op, class T>
+__global__ void binary_flat_kernel(const FailureRecord* record, const T* a, const T* b, T* out,
+                                   std::int64_t n) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  RETRACE_GRID_STRIDE(i, n) { E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i))); }
+}
+
+// float32 same-shape operands, 16-byte aligned: four elements per thread.
+template <BinaryOp op>
+__global__ void binary_flat4_kernel(const FailureRecord* record, const float4* a, const float4* b,
+                                    float4* out, std::int64_t n4) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n4) {
+    const float4 x = a[i], y = b[i];
+    out[i] = make_float4(apply_binary<op>(x.x, y.x), apply_binary<op>(x.y, y.y),
+                         apply_binary<op>(x.z, y.z), apply_binary<op>(x.w, y.w));
+  }
+}
+
+struct Broadcast {
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t a_strides[kMaxKernelRank];
+  std::int64_t b_strides[kMaxKernelRank];
+  int rank;
+};
+
+template <BinaryOp op, class T>
+__global__ void binary_broadcast_kernel(const FailureRecord* record, const T* a, const T* b,
+                                        T* out, std::int64_t n, Broadcast g) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  RETRACE_GRID_STRIDE(i, n) {
+    std::int64_t rest = i, ia = 0, ib = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      const std::int64_t idx = rest % g.shape[d];
+      rest /= g.shape[d];
+      ia += idx * g.a_strides[d];
+      ib += idx * g.b_strides[d];
+    }
+    E::store(out, i, apply_binary<op>(E::load(a, ia), E::load(b, ib)));
+  }
+}
+
+template <BinaryOp op, class T>
+__global__ void binary_scalar_kernel(const FailureRecord* record, const T* a, T* out,
+                                     std::int64_t n, typename Elem<T>::compute s) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  RETRACE_GRID_STRIDE(i, n) { E::store(out, i, apply_binary<op>(E::load(a, i), s)); }
+}
+
+template <BinaryOp op>
+__global__ void binary_scalar4_kernel(const FailureRecord* record, const float4* a, float4* out,
+                                      std::int64_t n4, float s) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n4) {
+    const float4 x = a[i];
+    out[i] = make_float4(apply_binary<op>(x.x, s), apply_binary<op>(x.y, s),
+                         apply_binary<op>(x.z, s), apply_binary<op>(x.w, s));
+  }
+}
+
+template <UnaryOp op, class T>
+__global__ void unary_kernel(const FailureRecord* record, const T* a, T* out, std::int64_t n) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  RETRACE_GRID_STRIDE(i, n) { E::store(out, i, static_cast<typename E::compute>(
+                                                   apply_unary<op>(static_cast<float>(E::load(a, i))))); }
+}
+
+template <UnaryOp op>
+__global__ void unary4_kernel(const FailureRecord* record, const float4* a, float4* out,
+                              std::int64_t n4) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n4) {
+    const float4 x = a[i];
+    out[i] = make_float4(apply_unary<op>(x.x), apply_unary<op>(x.y), apply_unary<op>(x.z),
+                         apply_unary<op>(x.w));
+  }
+}
+
+template <class From, class To>
+__global__ void typecast_kernel(const FailureRecord* record, const From* src, To* dst,
+                                std::int64_t n) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) {
+    const auto v = Elem<From>::load(src, i);
+    if constexpr (std::is_same_v<To, bf16_t>) {
+      Elem<To>::store(dst, i, static_cast<float>(v));
+    } else {
+      dst[i] = static_cast<To>(v);
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// Calls f(T{}) with the storage type of dtype.
+template <class F>
+cudaError_t with_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(float{});
+    case DType::bfloat16: return f(bf16_t{});
+    case DType::int32: return f(std::int32_t{});
+    case DType::uint32: return f(std::uint32_t{});
+    case DType::uint8: return f(std::uint8_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <BinaryOp op, class T>
+void launch_binary_typed(const BinaryParams& p, const LaunchContext& ctx) {
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  T* out = static_cast<T*>(p.out);
+  std::int64_t n = 1;
+  bool flat = true;
+  for (int d = 0; d < p.rank; ++d) n *= p.shape[d];
+  {
+    std::int64_t expect = 1;
+    for (int d = p.rank - 1; d >= 0; --d) {
+      if (p.shape[d] != 1 && (p.a_strides[d] != expect || p.b_strides[d] != expect)) flat = false;
+      expect *= p.shape[d];
+    }
+  }
+  if (n == 0) return;
+  if (flat) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (n % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(out)) {
+        binary_flat4_kernel<op><<<blocks_for(n / 4), kThreads, 0, ctx.stream>>>(
+            ctx.record, reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b),
+            reinterpret_cast<float4*>(out), n / 4);
+        return;
+      }
+    }
+    binary_flat_kernel<op, T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(ctx.record, a, b, out, n);
+    return;
+  }
+  Broadcast g{};
+  g.rank = p.rank;
+  for (int d = 0; d < p.rank; ++d) {
+    g.shape[d] = p.shape[d];
+    g.a_strides[d] = p.a_strides[d];
+    g.b_strides[d] = p.b_strides[d];
+  }
+  binary_broadcast_kernel<op, T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(ctx.record, a, b, out,
+                                                                             n, g);
+}
+
+template <BinaryOp op, class T>
+void launch_binary_scalar_typed(const BinaryScalarParams& p, const LaunchContext& ctx) {
+  const T* a = static_cast<const T*>(p.a);
+  T* out = static_cast<T*>(p.out);
+  if (p.count == 0) return;
+  const auto s = static_cast<typename Elem<T>::compute>(p.scalar);
+  if constexpr (std::is_same_v<T, float>) {
+    if (p.count % 4 == 0 && aligned16(a) && aligned16(out)) {
+      binary_scalar4_kernel<op><<<blocks_for(p.count / 4), kThreads, 0, ctx.stream>>>(
+          ctx.record, reinterpret_cast<const float4*>(a), reinterpret_cast<float4*>(out),
+          p.count / 4, s);
+      return;
+    }
+  }
+  binary_scalar_kernel<op, T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(ctx.record, a, out,
+                                                                                p.count, s);
+}
+
+template <class T, class F>
+cudaError_t with_binary_op(BinaryOp op, F&& f) {
+  switch (op) {
+    case BinaryOp::add: f(std::integral_constant<BinaryOp, BinaryOp::add>{}); break;
+    case BinaryOp::sub: f(std::integral_constant<BinaryOp, BinaryOp::sub>{}); break;
+    case BinaryOp::mul: f(std::integral_constant<BinaryOp, BinaryOp::mul>{}); break;
+    case BinaryOp::div: f(std::integral_constant<BinaryOp, BinaryOp::div>{}); break;
+    case BinaryOp::maximum: f(std::integral_constant<BinaryOp, BinaryOp::maximum>{}); break;
+    case BinaryOp::minimum: f(std::integral_constant<BinaryOp, BinaryOp::minimum>{}); break;
+  }
+  return cudaGetLastError();
+}
+
+template <class T>
+void launch_unary_typed(UnaryOp op, const UnaryParams& p, const LaunchContext& ctx) {
+  const T* a = static_cast<const T*>(p.a);
+  T* out = static_cast<T*>(p.out);
+  if (p.count == 0) return;
+  auto go = [&](auto tag) {
+    constexpr UnaryOp kOp = decltype(tag)::value;
+    if constexpr (std::is_same_v<T, float>) {
+      if (p.count % 4 == 0 && aligned16(a) && aligned16(out)) {
+        unary4_kernel<kOp><<<blocks_for(p.count / 4), kThreads, 0, ctx.stream>>>(
+            ctx.record, reinterpret_cast<const float4*>(a), reinterpret_cast<float4*>(out),
+            p.count / 4);
+        return;
+      }
+    }
+    unary_kernel<kOp, T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(ctx.record, a, out,
+                                                                          p.count);
+  };
+  using U = UnaryOp;
+  switch (op) {
+    case U::neg: go(std::integral_constant<U, U::neg>{}); break;
+    case U::abs: go(std::integral_constant<U, U::abs>{}); break;
+    case U::exp: go(std::integral_constant<U, U::exp>{}); break;
+    case U::log: go(std::integral_constant<U, U::log>{}); break;
+    case U::sqrt: go(std::integral_constant<U, U::sqrt>{}); break;
+    case U::rsqrt: go(std::integral_constant<U, U::rsqrt>{}); break;
+    case U::tanh: go(std::integral_constant<U, U::tanh>{}); break;
+    case U::sigmoid: go(std::integral_constant<U, U::sigmoid>{}); break;
+    case U::relu: go(std::integral_constant<U, U::relu>{}); break;
+    case U::silu: go(std::integral_constant<U, U::silu>{}); break;
+    case U::gelu: go(std::integral_constant<U, U::gelu>{}); break;
+    case U::gelu_tanh: go(std::integral_constant<U, U::gelu_tanh>{}); break;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
+  if (p.count == 0) return cudaSuccess;
+  return with_dtype(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    fill_kernel<T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
+        ctx.record, static_cast<T*>(p.out), p.count,
+        static_cast<typename Elem<T>::compute>(p.value));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_binary(const BinaryParams& p, const LaunchContext& ctx) {
+  return with_dtype(p.dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, std::uint8_t>) {
+      return cudaErrorInvalidValue;
+    } else {
+      return with_binary_op<T>(p.op, [&](auto op) {
+        launch_binary_typed<decltype(op)::value, T>(p, ctx);
+      });
+    }
+  });
+}
+
+cudaError_t launch_binary_scalar(const BinaryScalarParams& p, const LaunchContext& ctx) {
+  return with_dtype(p.dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, std::uint8_t>) {
+      return cudaErrorInvalidValue;
+    } else {
+      return with_binary_op<T>(p.op, [&](auto op) {
+        launch_binary_scalar_typed<decltype(op)::value, T>(p, ctx);
+      });
+    }
+  });
+}
+
+cudaError_t launch_unary(const UnaryParams& p, const LaunchContext& ctx) {
+  switch (p.dtype) {
+    case DType::float32: launch_unary_typed<float>(p.op, p, ctx); break;
+    case DType::bfloat16: launch_unary_typed<bf16_t>(p.op, p, ctx); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_typecast(const TypecastParams& p, const LaunchContext& ctx) {
+  if (p.count == 0) return cudaSuccess;
+  return with_dtype(p.from, [&](auto from_tag) {
+    using From = decltype(from_tag);
+    return with_dtype(p.to, [&](auto to_tag) {
+      using To = decltype(to_tag);
+      typecast_kernel<From, To><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
+          ctx.record, static_cast<const From*>(p.src), static_cast<To*>(p.dst), p.count);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace retrace::cuda

@@ -1,0 +1,259 @@
+// Row-wise and data-movement CUDA kernels: reductions, softmax, layer/rms norm (one block per
+// row, float accumulation), assert_finite, copies, strided copies and tile layout conversion.
+#include "cuda/common.cuh"
+#include "cuda/kernels_cuda.hpp"
+
+namespace retrace::cuda {
+
+namespace {
+
+template <class T>
+__global__ void reduce_kernel(const FailureRecord* record, const T* a, T* out, std::int64_t cols,
+                              ReduceOp op) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  const T* row = a + static_cast<std::int64_t>(blockIdx.x) * cols;
+  float acc = op == ReduceOp::max ? -INFINITY : 0.0f;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = static_cast<float>(E::load(row, c));
+    acc = op == ReduceOp::max ? fmaxf(acc, v) : acc + v;
+  }
+  float total = op == ReduceOp::max ? block_reduce<true>(acc) : block_reduce<false>(acc);
+  if (op == ReduceOp::mean) total /= static_cast<float>(cols);
+  if (threadIdx.x == 0) E::store(out, blockIdx.x, total);
+}
+
+// Softmax of one row per block; `in` and `out` may alias.
+template <class T>
+__global__ void softmax_kernel(const FailureRecord* record, const T* in, T* out,
+                               std::int64_t cols) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * cols;
+  float m = -INFINITY;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    m = fmaxf(m, static_cast<float>(E::load(in, base + c)));
+  }
+  m = block_reduce<true>(m);
+  float s = 0.0f;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    s += __expf(static_cast<float>(E::load(in, base + c)) - m);
+  }
+  const float inv = 1.0f / block_reduce<false>(s);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    E::store(out, base + c, __expf(static_cast<float>(E::load(in, base + c)) - m) * inv);
+  }
+}
+
+template <class T>
+__global__ void norm_kernel(const FailureRecord* record, const T* a, const T* w, const T* b,
+                            T* out, std::int64_t cols, float eps, bool rms) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * cols;
+  const float n = static_cast<float>(cols);
+  float mean = 0.0f;
+  if (!rms) {
+    float s = 0.0f;
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += static_cast<float>(E::load(a, base + c));
+    mean = block_reduce<false>(s) / n;
+  }
+  float v = 0.0f;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = static_cast<float>(E::load(a, base + c)) - mean;
+    v += d * d;
+  }
+  const float inv = rsqrtf(block_reduce<false>(v) / n + eps);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float y = (static_cast<float>(E::load(a, base + c)) - mean) * inv;
+    if (w != nullptr) y *= static_cast<float>(E::load(w, c));
+    if (b != nullptr) y += static_cast<float>(E::load(b, c));
+    E::store(out, base + c, y);
+  }
+}
+
+template <class T>
+__global__ void assert_finite_kernel(FailureRecord* record, unsigned int* host_flag,
+                                     unsigned int site, const T* data, std::int64_t n) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) {
+    const float v = static_cast<float>(Elem<T>::load(data, i));
+    if (!isfinite(v)) {
+      const unsigned long long index = i < 0xffffffffLL ? static_cast<unsigned long long>(i)
+                                                        : 0xffffffffULL;
+      atomicMin(&record->element, (index << 32) | __float_as_uint(v));
+      record->site = site;
+      __threadfence();
+      atomicExch(&record->abort, 1u);
+      *reinterpret_cast<volatile unsigned int*>(host_flag) = site;
+      __threadfence_system();
+    }
+  }
+}
+
+__global__ void copy16_kernel(const FailureRecord* record, const uint4* src, uint4* dst,
+                              std::int64_t n) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) { dst[i] = src[i]; }
+}
+
+__global__ void copy1_kernel(const FailureRecord* record, const unsigned char* src,
+                             unsigned char* dst, std::int64_t n) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) { dst[i] = src[i]; }
+}
+
+struct Strides {
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t src[kMaxKernelRank];
+  std::int64_t dst[kMaxKernelRank];
+  int rank;
+};
+
+template <class T>
+__global__ void strided_copy_kernel(const FailureRecord* record, const T* src, T* dst,
+                                    std::int64_t n, Strides g) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) {
+    std::int64_t rest = i, is = 0, id = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      const std::int64_t idx = rest % g.shape[d];
+      rest /= g.shape[d];
+      is += idx * g.src[d];
+      id += idx * g.dst[d];
+    }
+    dst[id] = src[is];
+  }
+}
+
+// One thread per element of the tiled buffer (padding included).
+template <class T>
+__global__ void tilize_kernel(const FailureRecord* record, const T* src, T* dst, std::int64_t n,
+                              std::int64_t rows, std::int64_t cols, std::int64_t prows,
+                              std::int64_t pcols, bool to_tile) {
+  if (aborted(record)) return;
+  constexpr std::int64_t kTile = kTileSize;
+  const std::int64_t tiles_per_row = pcols / kTile;
+  RETRACE_GRID_STRIDE(t, n) {
+    const std::int64_t plane = prows * pcols;
+    const std::int64_t b = t / plane, in_plane = t % plane;
+    const std::int64_t tile = in_plane / (kTile * kTile), in_tile = in_plane % (kTile * kTile);
+    const std::int64_t r = (tile / tiles_per_row) * kTile + in_tile / kTile;
+    const std::int64_t c = (tile % tiles_per_row) * kTile + in_tile % kTile;
+    const bool inside = r < rows && c < cols;
+    const std::int64_t plain = (b * rows + r) * cols + c;
+    if (to_tile) {
+      dst[t] = inside ? src[plain] : T{};
+    } else if (inside) {
+      dst[plain] = src[t];
+    }
+  }
+}
+
+template <class F>
+cudaError_t with_float(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: f(float{}); break;
+    case DType::bfloat16: f(bf16_t{}); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <class F>
+cudaError_t with_size(std::int32_t elem_size, F&& f) {
+  switch (elem_size) {
+    case 1: f(std::uint8_t{}); break;
+    case 2: f(std::uint16_t{}); break;
+    case 4: f(std::uint32_t{}); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+cudaError_t launch_reduce(const ReduceParams& p, const LaunchContext& ctx) {
+  if (p.rows == 0) return cudaSuccess;
+  return with_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    reduce_kernel<T><<<static_cast<unsigned int>(p.rows), row_threads(p.cols), 0, ctx.stream>>>(
+        ctx.record, static_cast<const T*>(p.a), static_cast<T*>(p.out), p.cols, p.op);
+  });
+}
+
+cudaError_t launch_softmax(const SoftmaxParams& p, const LaunchContext& ctx) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return with_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    softmax_kernel<T><<<static_cast<unsigned int>(p.rows), row_threads(p.cols), 0, ctx.stream>>>(
+        ctx.record, static_cast<const T*>(p.a), static_cast<T*>(p.out), p.cols);
+  });
+}
+
+cudaError_t launch_norm(const NormParams& p, const LaunchContext& ctx) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return with_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    norm_kernel<T><<<static_cast<unsigned int>(p.rows), row_threads(p.cols), 0, ctx.stream>>>(
+        ctx.record, static_cast<const T*>(p.a), static_cast<const T*>(p.weight),
+        static_cast<const T*>(p.bias), static_cast<T*>(p.out), p.cols, p.eps, p.rms);
+  });
+}
+
+cudaError_t launch_assert_finite(const AssertFiniteParams& p, const LaunchContext& ctx) {
+  if (p.count == 0) return cudaSuccess;
+  return with_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    assert_finite_kernel<T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
+        ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.data), p.count);
+  });
+}
+
+cudaError_t launch_copy(const CopyParams& p, const LaunchContext& ctx) {
+  if (p.bytes == 0 || p.src == p.dst) return cudaSuccess;
+  if (p.bytes % 16 == 0 && aligned16(p.src) && aligned16(p.dst)) {
+    copy16_kernel<<<blocks_for(p.bytes / 16), kThreads, 0, ctx.stream>>>(
+        ctx.record, static_cast<const uint4*>(p.src), static_cast<uint4*>(p.dst), p.bytes / 16);
+  } else {
+    copy1_kernel<<<blocks_for(p.bytes), kThreads, 0, ctx.stream>>>(
+        ctx.record, static_cast<const unsigned char*>(p.src), static_cast<unsigned char*>(p.dst),
+        p.bytes);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_strided_copy(const StridedCopyParams& p, const LaunchContext& ctx) {
+  std::int64_t n = 1;
+  Strides g{};
+  g.rank = p.rank;
+  for (int d = 0; d < p.rank; ++d) {
+    n *= p.shape[d];
+    g.shape[d] = p.shape[d];
+    g.src[d] = p.src_strides[d];
+    g.dst[d] = p.dst_strides[d];
+  }
+  if (n == 0) return cudaSuccess;
+  return with_size(p.elem_size, [&](auto tag) {
+    using T = decltype(tag);
+    strided_copy_kernel<T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+        ctx.record, static_cast<const T*>(p.src), static_cast<T*>(p.dst), n, g);
+  });
+}
+
+cudaError_t launch_tilize(const TilizeParams& p, const LaunchContext& ctx) {
+  const auto pad = [](std::int64_t n) { return (n + kTileSize - 1) / kTileSize * kTileSize; };
+  const std::int64_t prows = pad(p.rows), pcols = pad(p.cols);
+  const std::int64_t n = p.batch * prows * pcols;
+  if (n == 0) return cudaSuccess;
+  return with_size(p.elem_size, [&](auto tag) {
+    using T = decltype(tag);
+    tilize_kernel<T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+        ctx.record, static_cast<const T*>(p.src), static_cast<T*>(p.dst), n, p.rows, p.cols,
+        prows, pcols, p.to_tile);
+  });
+}
+
+}  // namespace retrace::cuda
