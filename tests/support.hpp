@@ -3,11 +3,16 @@
 
 #include <gtest/gtest.h>
 #include <retrace/retrace.hpp>
+#ifdef RETRACE_HAVE_CUDA
+#include <retrace/cuda.hpp>
+#endif
 
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // Expects `statement` to throw retrace::Error of `category` whose message contains `fragment`.
@@ -50,9 +55,67 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t salt = 0, f
   return v;
 }
 
+// The backend the device-generic suites (ops, tracer, traced functions) run on:
+// RETRACE_TEST_BACKEND=cpu (default) or cuda. CTest runs those suites once per backend.
+inline std::string_view test_backend() {
+  const char* env = std::getenv("RETRACE_TEST_BACKEND");
+  return env != nullptr && std::string_view(env) == "cuda" ? "cuda" : "cpu";
+}
+
+// Why the selected backend cannot run here ("" when it can).
+inline std::string test_skip_reason() {
+  if (test_backend() == "cpu") return {};
+#ifdef RETRACE_HAVE_CUDA
+  const std::string reason = cuda_unavailable_reason();
+  return reason.empty() ? std::string() : "no usable CUDA GPU: " + reason;
+#else
+  return "retrace was built without the CUDA backend (no CUDA toolkit found)";
+#endif
+}
+
+struct TestDeviceSpec {
+  DeviceId id{0};
+  std::size_t guard_bytes = 0;  // CPU only
+};
+
+// A device of the selected backend, or nullptr when it cannot run here (see test_skip_reason).
+inline std::unique_ptr<Device> open_test_device(TestDeviceSpec spec = {}) {
+  if (test_backend() == "cpu") {
+    CpuDeviceOptions options;
+    options.id = spec.id;
+    options.guard_bytes = spec.guard_bytes;
+    return open_cpu_device(options);
+  }
+  if (!test_skip_reason().empty()) return nullptr;
+#ifdef RETRACE_HAVE_CUDA
+  CudaDeviceOptions options;
+  options.id = spec.id;
+  options.memory_bytes = std::size_t{512} << 20;
+  options.trace_region_bytes = std::size_t{128} << 20;
+  options.cublas_workspace_bytes = std::size_t{8} << 20;
+  return open_cuda_device(options);
+#else
+  return nullptr;
+#endif
+}
+
+// The name a test device with this id has: "cpu:1", "cuda:1".
+inline std::string test_device_name(std::uint32_t id) {
+  return std::string(test_backend()) + ":" + std::to_string(id);
+}
+
 inline Tensor device_tensor(Device& device, const std::vector<float>& values, const Shape& shape,
                             DType dtype = DType::float32, Layout layout = Layout::row_major) {
   return Tensor::from_vector<float>(values, shape, dtype, layout).to_device(device);
 }
 
 }  // namespace retrace::testing
+
+// Opens a device of the selected backend into `var`, or skips the test with the reason.
+#define RETRACE_TEST_DEVICE(var, ...)                                              \
+  auto var = ::retrace::testing::open_test_device(__VA_ARGS__);                   \
+  if (!var) GTEST_SKIP() << ::retrace::testing::test_skip_reason()
+
+// For fixtures holding a test device in `device_`.
+#define RETRACE_SKIP_WITHOUT_DEVICE() \
+  if (!device_) GTEST_SKIP() << ::retrace::testing::test_skip_reason()

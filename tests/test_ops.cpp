@@ -59,7 +59,8 @@ std::vector<std::int64_t> unravel(std::int64_t flat, const std::vector<std::int6
 
 class OpsTest : public ::testing::TestWithParam<DType> {
  protected:
-  std::unique_ptr<Device> device_ = open_cpu_device(CpuDeviceOptions{.guard_bytes = 64});
+  std::unique_ptr<Device> device_ = testing::open_test_device({.guard_bytes = 64});
+  void SetUp() override { RETRACE_SKIP_WITHOUT_DEVICE(); }
   Device& device() { return *device_; }
   DType dtype() const { return GetParam(); }
   bool bf16() const { return dtype() == DType::bfloat16; }
@@ -437,7 +438,7 @@ INSTANTIATE_TEST_SUITE_P(DTypes, OpsTest, ::testing::Values(DType::float32, DTyp
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
 
 TEST(OpsErrorTest, ShapeAndArgumentErrorsNameTheOp) {
-  auto device = open_cpu_device();
+  RETRACE_TEST_DEVICE(device);
   Tensor a = ops::full({2, 3}, 1.0, *device);
   EXPECT_RETRACE_ERROR((void)ops::matmul(a, a), invalid_argument,
                        "matmul: inner dimensions differ: a [2, 3] has 3 columns, b [2, 3] has 2 rows");

@@ -68,7 +68,7 @@ std::vector<Step> step_library() {
 TEST(RandomProgramsTest, ReplayEqualsEagerBitForBit) {
   const std::vector<Step> library = step_library();
   std::mt19937_64 rng(testing::test_seed() + 4242);
-  auto device = open_cpu_device(CpuDeviceOptions{.guard_bytes = 64});
+  RETRACE_TEST_DEVICE(device, {.guard_bytes = 64});
   for (int program = 0; program < 40; ++program) {
     // A program: 3 inputs, 4 to 12 steps, each reading two earlier values.
     std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> steps;

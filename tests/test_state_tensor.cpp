@@ -5,7 +5,7 @@ namespace retrace {
 namespace {
 
 TEST(StateTensorTest, UntracedRebindsTracedCopiesInPlace) {
-  auto device = open_cpu_device();
+  RETRACE_TEST_DEVICE(device);
   StateTensor state;
   EXPECT_FALSE(state.has_value());
   Tensor a = ops::full({2}, 1.0, *device);
@@ -22,7 +22,7 @@ TEST(StateTensorTest, UntracedRebindsTracedCopiesInPlace) {
 }
 
 TEST(StateTensorTest, HostValuesAreUploadedAsBFloat16ByDefault) {
-  auto device = open_cpu_device();
+  RETRACE_TEST_DEVICE(device);
   StateTensor state;
   state.update(std::vector<float>{0.1f, 0.2f}, {2}, Traced::yes, *device);
   EXPECT_EQ(state.data().dtype(), DType::bfloat16);
@@ -36,7 +36,7 @@ TEST(StateTensorTest, HostValuesAreUploadedAsBFloat16ByDefault) {
 }
 
 TEST(StateTensorTest, TracedUpdateMustKeepShapeAndDType) {
-  auto device = open_cpu_device();
+  RETRACE_TEST_DEVICE(device);
   StateTensor state;
   state.update(std::vector<float>{1.0f, 2.0f}, {2}, Traced::no, *device);
   EXPECT_RETRACE_ERROR(state.update(std::vector<float>{1.0f}, {1}, Traced::yes, *device),
@@ -55,7 +55,7 @@ TEST(StateTensorTest, TracedUpdateMustKeepShapeAndDType) {
 // The pattern of a denoising loop: the timestep lives in a StateTensor updated in place before
 // each replay, and the latents are fed back through the tracer's input slot.
 TEST(StateTensorTest, TimestepInsideAReplayedLoopMatchesEager) {
-  auto device = open_cpu_device();
+  RETRACE_TEST_DEVICE(device);
   auto step = [](const Tensor& latents, const Tensor& t) {
     Tensor velocity = ops::mul(ops::add(latents, 1.0), t);
     return ops::add(latents, ops::mul(velocity, -0.1));

@@ -73,7 +73,8 @@ class LogLines {
 
 class TracedFunctionTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Device> device_ = open_cpu_device();
+  std::unique_ptr<Device> device_ = testing::open_test_device();
+  void SetUp() override { RETRACE_SKIP_WITHOUT_DEVICE(); }
   Device& device() { return *device_; }
 };
 
@@ -140,7 +141,7 @@ TEST_F(TracedFunctionTest, DeviceParameterIsFoundByTypeAndBoundArgumentsSelectTh
   traced_scaled.traced(ops::full({4}, 4.0, device()), device(), half);
   EXPECT_EQ(traced_scaled.stats().captures, 2u);
   EXPECT_EQ(traced_scaled.stats().replays, 1u);
-  auto other = open_cpu_device(CpuDeviceOptions{.id = DeviceId{1}});
+  auto other = testing::open_test_device({.id = DeviceId{1}});
   traced_scaled.traced(ops::full({4}, 4.0, *other), *other, half);
   EXPECT_EQ(traced_scaled.stats().live_traces, 3u);  // and per device
 }
@@ -217,9 +218,10 @@ TEST_F(TracedFunctionTest, AutomaticKeysCaptureEachShapeAndReplayBitIdentical) {
   EXPECT_EQ(traced.stats().replays, 4u);
   EXPECT_EQ(logs.count(LogLevel::info, "square: capturing a new trace: first traced call"), 1u);
   EXPECT_EQ(logs.count(LogLevel::info,
-                       "square: capturing a new trace: new input signature: input args[0] is "
-                       "[96] float32 row_major on cpu:0, the nearest trace has [64] float32 "
-                       "row_major on cpu:0"),
+                       fmt::format("square: capturing a new trace: new input signature: input "
+                                   "args[0] is [96] float32 row_major on {0}, the nearest trace "
+                                   "has [64] float32 row_major on {0}",
+                                   device().name())),
             1u)
       << logs.all();
   // A new scalar value is a new signature too.

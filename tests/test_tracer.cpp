@@ -51,7 +51,8 @@ class LogCapture {
 
 class TracerTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Device> device_ = open_cpu_device(CpuDeviceOptions{.guard_bytes = 64});
+  std::unique_ptr<Device> device_ = testing::open_test_device({.guard_bytes = 64});
+  void SetUp() override { RETRACE_SKIP_WITHOUT_DEVICE(); }
   Device& device() { return *device_; }
   std::vector<float> read(const Tensor& t) { return t.to_vector<float>(); }
 };
@@ -166,7 +167,7 @@ TEST_F(TracerTest, EveryMismatchIsRejectedWithItsPath) {
                     std::string s) { return Extras{std::move(ts), std::move(m), o, std::move(s)}; };
   const Extras good = extras({ops::full({4, 4}, 1.0, device())}, {{"steps", 20}}, 0.5f, "euler");
   tracer(x, good);
-  auto other = open_cpu_device(CpuDeviceOptions{.id = DeviceId{1}});
+  auto other = testing::open_test_device({.id = DeviceId{1}});
 
   EXPECT_RETRACE_ERROR(tracer(Tensor(), good), invalid_argument, "input args[0]: is a null tensor");
   EXPECT_RETRACE_ERROR(tracer(ops::full({4, 4}, 1.0, device(), DType::bfloat16), good),
@@ -176,7 +177,8 @@ TEST_F(TracerTest, EveryMismatchIsRejectedWithItsPath) {
       tracer(ops::full({4, 4}, 1.0, device(), DType::float32, Layout::tile), good),
       invalid_argument, "input args[0]: layout tile does not match the captured layout row_major");
   EXPECT_RETRACE_ERROR(tracer(ops::full({4, 4}, 1.0, *other), good), invalid_argument,
-                       "input args[0]: is on cpu:1, but the captured input is on cpu:0");
+                       fmt::format("input args[0]: is on {}, but the captured input is on {}",
+                                   testing::test_device_name(1), testing::test_device_name(0)));
   EXPECT_RETRACE_ERROR(tracer(x, extras({}, {{"steps", 20}}, 0.5f, "euler")), invalid_argument,
                        "input args[1][0]: has 0 elements, expected 1");
   EXPECT_RETRACE_ERROR(
@@ -200,11 +202,12 @@ TEST_F(TracerTest, EveryMismatchIsRejectedWithItsPath) {
 }
 
 TEST_F(TracerTest, CaptureChecksInputs) {
-  auto other = open_cpu_device(CpuDeviceOptions{.id = DeviceId{1}});
+  auto other = testing::open_test_device({.id = DeviceId{1}});
   auto tracer = make_tracer(affine, device(), TracerOptions{.name = "affine"});
   EXPECT_RETRACE_ERROR(tracer(ops::full({4}, 1.0, *other), 1.0f), invalid_argument,
-                       "input args[0]: is on cpu:1, which is not a device of tracer 'affine' "
-                       "(cpu:0)");
+                       fmt::format("input args[0]: is on {}, which is not a device of tracer "
+                                   "'affine' ({})",
+                                   testing::test_device_name(1), testing::test_device_name(0)));
   EXPECT_RETRACE_ERROR(tracer(Tensor(), 1.0f), invalid_argument, "input args[0]: is a null tensor");
   EXPECT_FALSE(tracer.trace_captured());
   EXPECT_EQ(device().stats().live_traces, 0u);
@@ -382,9 +385,10 @@ TEST_F(TracerTest, CaptureLogsAtDebugLevel) {
 }
 
 TEST(TracerMultiDeviceTest, CapturesAndReplaysOnEveryDevice) {
-  auto devices = open_cpu_devices(2);
-  Device& d0 = *devices[0];
-  Device& d1 = *devices[1];
+  RETRACE_TEST_DEVICE(device0, {.id = DeviceId{0}});
+  RETRACE_TEST_DEVICE(device1, {.id = DeviceId{1}});
+  Device& d0 = *device0;
+  Device& d1 = *device1;
   LogCapture logs;
   auto tracer = make_tracer(
       [](const Tensor& a, const Tensor& b) {
@@ -407,7 +411,8 @@ TEST(TracerMultiDeviceTest, CapturesAndReplaysOnEveryDevice) {
   d0.synchronize();
   EXPECT_EQ(ya.to_vector<float>(), std::vector<float>(8, 5.0f));
   EXPECT_RETRACE_ERROR(tracer(ops::full({8}, 1.0, d1), ops::full({8}, 1.0, d1)), invalid_argument,
-                       "input args[0]: is on cpu:1, but the captured input is on cpu:0");
+                       fmt::format("input args[0]: is on {}, but the captured input is on {}",
+                                   d1.name(), d0.name()));
   tracer.release_trace();
   EXPECT_EQ(d0.stats().live_traces, 0u);
   EXPECT_EQ(d1.stats().live_traces, 0u);
@@ -415,17 +420,18 @@ TEST(TracerMultiDeviceTest, CapturesAndReplaysOnEveryDevice) {
                            std::vector<Device*>{&d0, &d1});
   EXPECT_RETRACE_ERROR(fresh(Tensor::from_vector<float>({1.0f}, {1}, DType::float32)),
                        invalid_argument,
-                       "input args[0]: is a host tensor; a tracer over several devices (cpu:0, "
-                       "cpu:1) needs its inputs on a device");
+                       fmt::format("input args[0]: is a host tensor; a tracer over several "
+                                   "devices ({}, {}) needs its inputs on a device",
+                                   d0.name(), d1.name()));
 }
 
 TEST(TracerConstructionTest, RejectsBadDeviceLists) {
-  auto device = open_cpu_device();
+  RETRACE_TEST_DEVICE(device);
   auto fn = [](const Tensor& x) { return x; };
   EXPECT_RETRACE_ERROR((void)make_tracer(fn, std::vector<Device*>{}), invalid_argument,
                        "needs at least one device");
   EXPECT_RETRACE_ERROR((void)make_tracer(fn, std::vector<Device*>{device.get(), device.get()}),
-                       invalid_argument, "device cpu:0 is listed twice");
+                       invalid_argument, fmt::format("device {} is listed twice", device->name()));
 }
 
 // The differential test: a residual MLP block with a nested input tree and scalars, replayed 100

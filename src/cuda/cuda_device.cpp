@@ -273,8 +273,8 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     (void)cudaSetDevice(options_.ordinal);
+    abandon_capture();  // before anything waits on the capturing stream
     for (auto& queue : queues_) (void)cudaStreamSynchronize(queue->stream);
-    abandon_capture();
     close();
     for (auto& queue : queues_) {
       queue->replayed.clear();
@@ -556,6 +556,7 @@ class CudaDevice final : public Device {
     {
       std::lock_guard traces_lock(traces_mutex_);
       exec_by_trace_.erase(trace.info.id.value);
+      trace_commands_.erase(trace.info.id.value);
     }
     if (trace.exec != nullptr) (void)cudaGraphExecDestroy(trace.exec);
     trace.exec = nullptr;

@@ -1,5 +1,9 @@
 #include "conformance/backends.hpp"
 
+#ifdef RETRACE_HAVE_CUDA
+#include <retrace/cuda.hpp>
+#endif
+
 namespace retrace::conformance {
 
 namespace {
@@ -16,12 +20,44 @@ Backend cpu_backend(std::string name, ExecutionMode mode) {
                  },
                  /*can_detect_guard_damage=*/true};
 }
+
+// The CUDA device when retrace was built with it; nullptr (the test skips, printing
+// unavailable_reason) without a usable GPU.
+Backend cuda_backend() {
+  return Backend{"cuda",
+                 [](const DeviceSpec& spec) -> std::unique_ptr<Device> {
+#ifdef RETRACE_HAVE_CUDA
+                   if (!cuda_unavailable_reason().empty()) return nullptr;
+                   CudaDeviceOptions options;
+                   options.id = spec.id;
+                   options.memory_bytes = spec.memory_bytes;
+                   options.trace_region_bytes = spec.trace_region_bytes;
+                   options.cublas_workspace_bytes = std::size_t{4} << 20;
+                   return open_cuda_device(options);
+#else
+                   (void)spec;
+                   return nullptr;
+#endif
+                 },
+                 /*can_detect_guard_damage=*/false};
+}
 }  // namespace
+
+std::string unavailable_reason(const Backend& backend) {
+  if (backend.name != "cuda") return {};
+#ifdef RETRACE_HAVE_CUDA
+  const std::string reason = cuda_unavailable_reason();
+  return reason.empty() ? std::string() : "no usable CUDA GPU: " + reason;
+#else
+  return "retrace was built without the CUDA backend (no CUDA toolkit found)";
+#endif
+}
 
 const std::vector<Backend>& backends() {
   static const std::vector<Backend> all = {
       cpu_backend("cpu_worker", ExecutionMode::worker),
       cpu_backend("cpu_inline", ExecutionMode::inline_),
+      cuda_backend(),
   };
   return all;
 }

@@ -27,12 +27,18 @@ struct Backend {
 };
 
 const std::vector<Backend>& backends();
+// Why `backend` cannot open a device on this machine ("" when it can).
+std::string unavailable_reason(const Backend& backend);
 
 inline void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }
 
 class DeviceConformance : public ::testing::TestWithParam<Backend> {
  protected:
-  void SetUp() override { device_ = open(); }
+  void SetUp() override {
+    const std::string reason = unavailable_reason(GetParam());
+    if (!reason.empty()) GTEST_SKIP() << reason;
+    device_ = open();
+  }
   std::unique_ptr<Device> open(DeviceSpec spec = {}) const { return GetParam().open(spec); }
   Device& device() { return *device_; }
   std::unique_ptr<Device> device_;

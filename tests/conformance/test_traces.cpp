@@ -50,7 +50,7 @@ TEST_P(DeviceConformance, CaptureRecordsAndReplayExecutes) {
   EXPECT_EQ(device().stats().live_traces, 0u);
   EXPECT_FALSE(device().has_trace(trace));
   EXPECT_RETRACE_ERROR(device().execute_trace(trace, q0, Blocking::yes), invalid_argument,
-                       fmt::format("trace {} does not exist on cpu:0", trace));
+                       fmt::format("trace {} does not exist on {}", trace, device().name()));
   EXPECT_RETRACE_ERROR(device().release_trace(trace), invalid_argument, "already released");
 }
 
@@ -112,15 +112,16 @@ TEST_P(DeviceConformance, CaptureViolationsAreRejectedAndLeaveTheDeviceUsable) {
 
 TEST_P(DeviceConformance, CaptureStateMachineErrorsNameTheState) {
   EXPECT_RETRACE_ERROR((void)device().end_trace_capture(q0), failed_precondition,
-                       "no capture is in progress on cpu:0");
+                       fmt::format("no capture is in progress on {}", device().name()));
   device().begin_trace_capture(q0);
   const TraceId capturing = *device().capturing_trace(q0);
   EXPECT_RETRACE_ERROR(device().begin_trace_capture(q0), failed_precondition,
-                       fmt::format("queue 0 of cpu:0 is already capturing trace {}", capturing));
+                       fmt::format("queue 0 of {} is already capturing trace {}", device().name(),
+                                   capturing));
   EXPECT_RETRACE_ERROR(device().begin_trace_capture(q1), failed_precondition,
                        "one capture per device at a time");
   EXPECT_RETRACE_ERROR((void)device().end_trace_capture(q1), failed_precondition,
-                       "queue 1 of cpu:0 is not capturing");
+                       fmt::format("queue 1 of {} is not capturing", device().name()));
   EXPECT_RETRACE_ERROR(device().execute_trace(capturing, q1, Blocking::yes), failed_precondition,
                        "is still being captured");
   const TraceId trace = device().end_trace_capture(q0);
@@ -149,7 +150,9 @@ TEST_P(DeviceConformance, CapturesAreThreadLocal) {
                          fmt::format("from another thread while that queue is capturing trace {}",
                                      capturing));
     EXPECT_RETRACE_ERROR(device().synchronize(q0), capture_violation,
-                         "synchronize on queue 0 of cpu:0 is not allowed from another thread");
+                         fmt::format("synchronize on queue 0 of {} is not allowed from another "
+                                     "thread",
+                                     device().name()));
   });
   other.join();
   Tensor z = ops::add(x, 5.0);
