@@ -43,5 +43,8 @@ int main(int argc, char** argv) {
   } catch (const retrace::Error& e) {
     std::fprintf(stderr, "retrace: %s\n", e.what());
     return 2;
+  } catch (const retrace::cli::DeviceUnavailable& e) {
+    std::fprintf(stderr, "retrace: %s\n", e.what());
+    return 3;
   }
 }

@@ -1,6 +1,11 @@
 #include "model_options.hpp"
 
 #include <retrace/models/safetensors.hpp>
+#ifdef RETRACE_HAVE_CUDA
+#include <retrace/cuda.hpp>
+#endif
+
+#include <cstdio>
 
 namespace retrace::cli {
 
@@ -20,11 +25,22 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
 }
 
 std::unique_ptr<Device> open_device(const ModelOptions& options) {
-  RETRACE_CHECK(options.device == "cpu", failed_precondition,
-                "--device {}: this build has no {} backend (the CUDA backend is built when CMake "
-                "finds a CUDA toolkit); use --device cpu",
-                options.device, options.device);
-  return open_cpu_device();
+  if (options.device == "cpu") return open_cpu_device();
+#ifdef RETRACE_HAVE_CUDA
+  if (const std::string reason = cuda_unavailable_reason(); !reason.empty()) {
+    throw DeviceUnavailable(fmt::format(
+        "--device cuda: this build has the CUDA backend, but no GPU can be used here: {}",
+        reason));
+  }
+  std::printf("GPU 0: %s\n", cuda_device_description(0).c_str());
+  CudaDeviceOptions cuda;
+  cuda.memory_bytes = std::size_t{4} << 30;
+  return open_cuda_device(cuda);
+#else
+  throw DeviceUnavailable(
+      "--device cuda: this build has no CUDA backend (it is built when CMake finds a CUDA "
+      "toolkit); use --device cpu");
+#endif
 }
 
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace retrace::cli {
@@ -20,7 +21,12 @@ struct ModelOptions {
 
 void add_model_options(CLI::App& app, ModelOptions& options);
 
-// The device named by --device (the CPU device; CUDA when built with it).
+// The device asked for cannot be used on this machine (exit status 3).
+struct DeviceUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The device named by --device (the CPU device; CUDA when built with it and a GPU is usable).
 std::unique_ptr<Device> open_device(const ModelOptions& options);
 // The model: weights from --weights, or from --seed.
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device);
