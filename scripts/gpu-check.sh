@@ -76,9 +76,10 @@ run_tests() {  # each program once (one CUDA context each); skipped cases count 
     log="$out/tests-$name.txt"
     RETRACE_TEST_BACKEND=cuda "$build/bin/retrace_test_$name" "--gtest_filter=$filter" \
       "--gtest_output=json:$out/tests-$name.json" >"$log" 2>&1 || ok=1
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|^\[==========\]" "$log" | sed "s/^/$name: /"
+    grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test|^\[==========\]' "$log" \
+      | sed "s/^/$name: /"
     if grep -q "^\[  SKIPPED \]" "$log"; then
-      echo "$name: cases were skipped on a GPU machine:"; grep -A1 "Skipped" "$log" | head -n 6
+      echo "$name: cases were skipped on a GPU machine:"; grep -A1 -m1 "Skipped" "$log"
       ok=1
     fi
   done

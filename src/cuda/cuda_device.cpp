@@ -151,13 +151,17 @@ class StagingPool {
   }
 
  private:
-  static constexpr std::size_t kKeepPerSize = 4;
+  // Small buffers are kept in numbers (a loop of non-blocking writes of a few values each);
+  // large ones only a few. Freeing pinned memory is slow, so the pool rarely does it.
+  static std::size_t keep_for(std::size_t size) noexcept {
+    return size <= (std::size_t{1} << 20) ? 64 : 4;
+  }
 
   void give_back(void* p, std::size_t size) noexcept {
     {
       std::lock_guard lock(mutex_);
       auto& buffers = free_[size];
-      if (buffers.size() < kKeepPerSize) {
+      if (buffers.size() < keep_for(size)) {
         buffers.push_back(p);
         return;
       }
@@ -317,6 +321,7 @@ class CudaDevice final : public Device {
     make_current(options_.ordinal);
     Queue& q = queue_at(queue);
     std::lock_guard lock(q.mutex);
+    reap(q);
     auto* target = static_cast<std::byte*>(dst.data()) + offset;
     for (std::size_t done = 0; done < src.size();) {
       const std::size_t n = std::min(kStagingChunk, src.size() - done);

@@ -71,7 +71,7 @@ __global__ void attention_softmax_kernel(const FailureRecord* record, float* sco
   mx = block_reduce<true>(mx);
   float sum = 0.0f;
   for (std::int64_t c = threadIdx.x; c < sk; c += blockDim.x) {
-    const float e = __expf(s[c] - mx);
+    const float e = expf(s[c] - mx);
     s[c] = e;
     sum += e;
   }

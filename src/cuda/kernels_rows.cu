@@ -37,11 +37,11 @@ __global__ void softmax_kernel(const FailureRecord* record, const T* in, T* out,
   m = block_reduce<true>(m);
   float s = 0.0f;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    s += __expf(static_cast<float>(E::load(in, base + c)) - m);
+    s += expf(static_cast<float>(E::load(in, base + c)) - m);
   }
   const float inv = 1.0f / block_reduce<false>(s);
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    E::store(out, base + c, __expf(static_cast<float>(E::load(in, base + c)) - m) * inv);
+    E::store(out, base + c, expf(static_cast<float>(E::load(in, base + c)) - m) * inv);
   }
 }
 
