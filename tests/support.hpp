@@ -62,15 +62,19 @@ inline std::string_view test_backend() {
   return env != nullptr && std::string_view(env) == "cuda" ? "cuda" : "cpu";
 }
 
-// Why the selected backend cannot run here ("" when it can).
-inline std::string test_skip_reason() {
-  if (test_backend() == "cpu") return {};
+// Why the CUDA device cannot be opened here ("" when it can).
+inline std::string cuda_skip_reason() {
 #ifdef RETRACE_HAVE_CUDA
   const std::string reason = cuda_unavailable_reason();
   return reason.empty() ? std::string() : "no usable CUDA GPU: " + reason;
 #else
   return "retrace was built without the CUDA backend (no CUDA toolkit found)";
 #endif
+}
+
+// Why the selected backend cannot run here ("" when it can).
+inline std::string test_skip_reason() {
+  return test_backend() == "cpu" ? std::string() : cuda_skip_reason();
 }
 
 struct TestDeviceSpec {

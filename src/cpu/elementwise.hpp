@@ -2,6 +2,7 @@
 // unpack their parameters and call these, and the benchmarks call them directly as the floor.
 #pragma once
 
+#include "core/apply_binary.hpp"
 #include "retrace/bfloat16.hpp"
 #include "retrace/kernels.hpp"
 
@@ -63,22 +64,7 @@ struct Elem<bfloat16> {
   return x < 0.0f ? -y : y;
 }
 
-template <BinaryOp op, class C>
-inline C apply_binary(C a, C b) {
-  if constexpr (op == BinaryOp::add) {
-    return a + b;
-  } else if constexpr (op == BinaryOp::sub) {
-    return a - b;
-  } else if constexpr (op == BinaryOp::mul) {
-    return a * b;
-  } else if constexpr (op == BinaryOp::div) {
-    return a / b;
-  } else if constexpr (op == BinaryOp::maximum) {
-    return a > b ? a : b;
-  } else {
-    return a < b ? a : b;
-  }
-}
+using retrace::apply_binary;
 
 template <UnaryOp op, class C>
 inline C apply_unary(C x) {

@@ -1,29 +1,13 @@
 // Elementwise CUDA kernels: fill, binary (broadcasting), binary with a scalar, unary, typecast.
 // Contiguous float32/bfloat16 loops use 16-byte (float32) or 8-byte (bfloat16) vector loads
 // when the pointers allow it.
+#include "core/apply_binary.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
 
 namespace retrace::cuda {
 
 namespace {
-
-template <BinaryOp op, class C>
-__device__ inline C apply_binary(C a, C b) {
-  if constexpr (op == BinaryOp::add) {
-    return a + b;
-  } else if constexpr (op == BinaryOp::sub) {
-    return a - b;
-  } else if constexpr (op == BinaryOp::mul) {
-    return a * b;
-  } else if constexpr (op == BinaryOp::div) {
-    return a / b;
-  } else if constexpr (op == BinaryOp::maximum) {
-    return a > b ? a : b;
-  } else {
-    return a < b ? a : b;
-  }
-}
 
 template <UnaryOp op>
 __device__ inline float apply_unary(float x) {
@@ -231,7 +215,7 @@ void launch_binary_scalar_typed(const BinaryScalarParams& p, const LaunchContext
                                                                                 p.count, s);
 }
 
-template <class T, class F>
+template <class F>
 cudaError_t with_binary_op(BinaryOp op, F&& f) {
   switch (op) {
     case BinaryOp::add: f(std::integral_constant<BinaryOp, BinaryOp::add>{}); break;
@@ -292,29 +276,28 @@ cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
   });
 }
 
-cudaError_t launch_binary(const BinaryParams& p, const LaunchContext& ctx) {
+// Binary kernels exist for every dtype but uint8 (as on the CPU device).
+template <class P, class Launch>
+cudaError_t dispatch_binary(const P& p, Launch&& launch) {
   return with_dtype(p.dtype, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, std::uint8_t>) {
       return cudaErrorInvalidValue;
     } else {
-      return with_binary_op<T>(p.op, [&](auto op) {
-        launch_binary_typed<decltype(op)::value, T>(p, ctx);
-      });
+      return with_binary_op(p.op, [&](auto op) { launch(op, tag); });
     }
   });
 }
 
+cudaError_t launch_binary(const BinaryParams& p, const LaunchContext& ctx) {
+  return dispatch_binary(p, [&](auto op, auto tag) {
+    launch_binary_typed<decltype(op)::value, decltype(tag)>(p, ctx);
+  });
+}
+
 cudaError_t launch_binary_scalar(const BinaryScalarParams& p, const LaunchContext& ctx) {
-  return with_dtype(p.dtype, [&](auto tag) -> cudaError_t {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, std::uint8_t>) {
-      return cudaErrorInvalidValue;
-    } else {
-      return with_binary_op<T>(p.op, [&](auto op) {
-        launch_binary_scalar_typed<decltype(op)::value, T>(p, ctx);
-      });
-    }
+  return dispatch_binary(p, [&](auto op, auto tag) {
+    launch_binary_scalar_typed<decltype(op)::value, decltype(tag)>(p, ctx);
   });
 }
 

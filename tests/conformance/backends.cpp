@@ -1,4 +1,5 @@
 #include "conformance/backends.hpp"
+#include "support.hpp"
 
 #ifdef RETRACE_HAVE_CUDA
 #include <retrace/cuda.hpp>
@@ -27,7 +28,7 @@ Backend cuda_backend() {
   return Backend{"cuda",
                  [](const DeviceSpec& spec) -> std::unique_ptr<Device> {
 #ifdef RETRACE_HAVE_CUDA
-                   if (!cuda_unavailable_reason().empty()) return nullptr;
+                   if (!testing::cuda_skip_reason().empty()) return nullptr;
                    CudaDeviceOptions options;
                    options.id = spec.id;
                    options.memory_bytes = spec.memory_bytes;
@@ -44,13 +45,7 @@ Backend cuda_backend() {
 }  // namespace
 
 std::string unavailable_reason(const Backend& backend) {
-  if (backend.name != "cuda") return {};
-#ifdef RETRACE_HAVE_CUDA
-  const std::string reason = cuda_unavailable_reason();
-  return reason.empty() ? std::string() : "no usable CUDA GPU: " + reason;
-#else
-  return "retrace was built without the CUDA backend (no CUDA toolkit found)";
-#endif
+  return backend.name == "cuda" ? testing::cuda_skip_reason() : std::string();
 }
 
 const std::vector<Backend>& backends() {
