@@ -39,7 +39,9 @@ struct CudaDeviceOptions {
   // Limit on memory held by traces (all live traces plus the capture in progress).
   std::size_t trace_region_bytes = std::size_t{1} << 30;
   std::uint32_t num_queues = 2;
-  std::size_t cublas_workspace_bytes = std::size_t{32} << 20;  // per queue
+  // cuBLAS workspace of each queue, and of each trace that multiplies matrices (taken from the
+  // trace's pool, so replays on any queue never share a workspace with other work).
+  std::size_t cublas_workspace_bytes = std::size_t{4} << 20;
 };
 
 // GPUs the CUDA runtime can use; 0 without a GPU or driver (never throws).

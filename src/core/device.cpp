@@ -231,6 +231,10 @@ TraceId Device::end_trace_capture(QueueId queue) {
   RETRACE_CHECK(*capture_queue_ == queue, failed_precondition,
                 "end_trace_capture: {} is not capturing ({} is capturing trace {})",
                 queue_label(queue), queue_label(*capture_queue_), capture_trace_);
+  RETRACE_CHECK(capture_thread_ == std::this_thread::get_id(), capture_violation,
+                "end_trace_capture: trace {} on {} was begun by another thread; captures are "
+                "thread-local, end it on the thread that began it",
+                capture_trace_, queue_label(queue));
   std::shared_ptr<TraceBase> trace;
   try {
     trace = do_end_capture(queue);

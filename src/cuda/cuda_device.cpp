@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <unordered_set>
 
@@ -205,6 +206,9 @@ struct CudaTrace final : TraceBase {
   bool released = false;
   std::uint64_t replayed_on = 0;  // bit per queue
   std::size_t graph_nodes = 0;
+  // cuBLAS workspace of the trace's GEMMs (from its pool): a replay on any queue never shares
+  // a workspace with eager work or with another trace.
+  std::shared_ptr<Buffer> blas_workspace;
   // Buffers from outside the trace's pool that it uses, and its scratch memory.
   std::vector<std::shared_ptr<void>> retained;
   std::unordered_set<const Buffer*> seen;
@@ -232,6 +236,7 @@ struct Queue {
   std::vector<CudaTrace*> replayed;
   std::string released_failure;  // failure of a trace released before it was reported
   std::shared_ptr<CudaTrace> capture;  // the trace being recorded on this queue
+  std::thread::id capture_thread;
 };
 
 struct Site {
@@ -366,6 +371,9 @@ class CudaDevice final : public Device {
     std::lock_guard lock(q.mutex);
     CudaTrace* trace = q.capture.get();
     if (trace == nullptr) reap(q);
+    if (trace != nullptr && uses_blas(launch.kernel) && !trace->blas_workspace) {
+      give_trace_workspace(q, *trace);
+    }
 
     LaunchContext ctx;
     ctx.stream = q.stream;
@@ -463,6 +471,7 @@ class CudaDevice final : public Device {
     }
     ++t_open_captures;
     q.capture = std::move(trace);
+    q.capture_thread = std::this_thread::get_id();
   }
 
   std::shared_ptr<TraceBase> do_end_capture(QueueId queue) override {
@@ -471,6 +480,7 @@ class CudaDevice final : public Device {
     std::lock_guard lock(q.mutex);
     std::shared_ptr<CudaTrace> trace = std::move(q.capture);
     --t_open_captures;
+    restore_workspace(q, *trace);
     const TraceId id = trace->info.id;
     cudaGraph_t graph = nullptr;
     cudaError_t error = cudaStreamEndCapture(q.stream, &graph);
@@ -487,6 +497,7 @@ class CudaDevice final : public Device {
       (void)cudaGetLastError();
       if (trace->exec != nullptr) (void)cudaGraphExecDestroy(trace->exec);
       trace->retained.clear();
+      trace->blas_workspace.reset();
       arena_.release_pool(id);
       domains_.give_back(trace->domain);
       RETRACE_FAIL(device_error,
@@ -566,6 +577,7 @@ class CudaDevice final : public Device {
     if (trace.exec != nullptr) (void)cudaGraphExecDestroy(trace.exec);
     trace.exec = nullptr;
     trace.retained.clear();
+    trace.blas_workspace.reset();
     arena_.release_pool(trace.info.id);
     domains_.give_back(trace.domain);
   }
@@ -582,6 +594,28 @@ class CudaDevice final : public Device {
   static void check_blas(cublasStatus_t status, std::string_view what) {
     RETRACE_CHECK(status == CUBLAS_STATUS_SUCCESS, device_error, "{}: cuBLAS {} ({})", what,
                   cublasGetStatusName(status), cublasGetStatusString(status));
+  }
+
+  static bool uses_blas(KernelId kernel) noexcept {
+    return kernel == KernelId::matmul || kernel == KernelId::attention;
+  }
+
+  // The capture's first GEMM: the queue's handle gets a workspace from the trace's pool, of the
+  // queue's workspace size (same size, same cuBLAS algorithms, so replays equal eager runs bit
+  // for bit).
+  void give_trace_workspace(Queue& q, CudaTrace& trace) {
+    const std::size_t bytes = options_.cublas_workspace_bytes;
+    if (bytes == 0) return;
+    trace.blas_workspace = std::make_shared<Buffer>(link(), arena_.allocate(bytes, trace.info.id));
+    check_blas(cublasSetWorkspace(q.blas, trace.blas_workspace->data(), bytes),
+               "cublasSetWorkspace (trace)");
+  }
+
+  // Back to the queue's own workspace once a capture ends.
+  void restore_workspace(Queue& q, CudaTrace& trace) noexcept {
+    if (!trace.blas_workspace) return;
+    (void)cublasSetWorkspace(q.blas, q.blas_workspace, options_.cublas_workspace_bytes);
+    trace.retained.push_back(trace.blas_workspace);
   }
 
   // Closes the current batch of retained objects with an event.
@@ -696,7 +730,10 @@ class CudaDevice final : public Device {
       (void)cudaStreamEndCapture(queue->stream, &graph);
       if (graph != nullptr) (void)cudaGraphDestroy(graph);
       (void)cudaGetLastError();
-      --t_open_captures;
+      if (queue->capture_thread == std::this_thread::get_id()) --t_open_captures;
+      restore_workspace(*queue, *queue->capture);
+      queue->capture->retained.clear();
+      queue->capture->blas_workspace.reset();
       arena_.release_pool(queue->capture->info.id);
       domains_.give_back(queue->capture->domain);
       queue->capture.reset();

@@ -149,6 +149,8 @@ TEST_P(DeviceConformance, CapturesAreThreadLocal) {
     EXPECT_RETRACE_ERROR((void)ops::add(x, 1.0, q0), capture_violation,
                          fmt::format("from another thread while that queue is capturing trace {}",
                                      capturing));
+    EXPECT_RETRACE_ERROR((void)device().end_trace_capture(q0), capture_violation,
+                         "was begun by another thread; captures are thread-local");
     EXPECT_RETRACE_ERROR(device().synchronize(q0), capture_violation,
                          fmt::format("synchronize on queue 0 of {} is not allowed from another "
                                      "thread",
