@@ -108,33 +108,35 @@ int main(int argc, char** argv) {
   cudaGraphExec_t same = cuda_graph_exec(*device, trace);
 
   float* hand_buffer = nullptr;
-  cuda_check(cudaMalloc(reinterpret_cast<void**>(&hand_buffer), kFloats * sizeof(float)), "cudaMalloc");
+  cuda_check(cudaMalloc(reinterpret_cast<void**>(&hand_buffer), kFloats * sizeof(float)),
+             "cudaMalloc");
   cudaStream_t hand_stream = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&hand_stream, cudaStreamNonBlocking), "stream");
   cudaGraph_t graph = nullptr;
   cuda_check(cudaStreamBeginCapture(hand_stream, cudaStreamCaptureModeThreadLocal), "capture");
-  for (int i = 0; i < kLaunches; ++i) cuda_check(bench_hand_add_one(hand_buffer, kFloats, hand_stream), "launch");
+  for (int i = 0; i < kLaunches; ++i)
+    cuda_check(bench_hand_add_one(hand_buffer, kFloats, hand_stream), "launch");
   cuda_check(cudaStreamEndCapture(hand_stream, &graph), "end capture");
   cudaGraphExec_t hand = nullptr;
   cuda_check(cudaGraphInstantiate(&hand, graph, 0), "instantiate");
   cuda_check(cudaGraphUpload(hand, hand_stream), "upload");
 
-  const std::vector<double> latency = interleaved(
-      {[&] {
-         Tensor y = x;
-         for (int i = 0; i < kLaunches; ++i) y = ops::add(y, 1.0);
-         device->synchronize(kDefaultQueue);
-       },
-       [&] { (void)tracer(slot); },
-       [&] {
-         cuda_check(cudaGraphLaunch(hand, hand_stream), "launch");
-         cuda_check(cudaStreamSynchronize(hand_stream), "sync");
-       },
-       [&] {
-         cuda_check(cudaGraphLaunch(same, stream), "launch");
-         cuda_check(cudaStreamSynchronize(stream), "sync");
-       }},
-      rounds, 200);
+  const std::vector<double> latency =
+      interleaved({[&] {
+                     Tensor y = x;
+                     for (int i = 0; i < kLaunches; ++i) y = ops::add(y, 1.0);
+                     device->synchronize(kDefaultQueue);
+                   },
+                   [&] { (void)tracer(slot); },
+                   [&] {
+                     cuda_check(cudaGraphLaunch(hand, hand_stream), "launch");
+                     cuda_check(cudaStreamSynchronize(hand_stream), "sync");
+                   },
+                   [&] {
+                     cuda_check(cudaGraphLaunch(same, stream), "launch");
+                     cuda_check(cudaStreamSynchronize(stream), "sync");
+                   }},
+                  rounds, 200);
   // Submit cost: 100 calls that return before the GPU is done, then one wait (not timed).
   constexpr int kBurst = 100;
   auto burst = [&](const std::function<void()>& submit, const std::function<void()>& wait) {
@@ -156,13 +158,15 @@ int main(int argc, char** argv) {
   const double submit_same =
       burst([&] { cuda_check(cudaGraphLaunch(same, stream), "launch"); }, wait_device);
 
-  std::printf("tiny step (%d launches of x + 1 on %lld floats), us per step, median of %d rounds:\n",
-              kLaunches, static_cast<long long>(kFloats), rounds);
+  std::printf(
+      "tiny step (%d launches of x + 1 on %lld floats), us per step, median of %d rounds:\n",
+      kLaunches, static_cast<long long>(kFloats), rounds);
   std::printf("  eager %8.2f | traced %8.2f | hand graph %8.2f | same graph %8.2f\n", latency[0],
               latency[1], latency[2], latency[3]);
-  std::printf("  retrace's per-call overhead: %+.2f us over the hand graph, %+.2f us over the same "
-              "graph (goal <= 2 us)\n",
-              latency[1] - latency[2], latency[1] - latency[3]);
+  std::printf(
+      "  retrace's per-call overhead: %+.2f us over the hand graph, %+.2f us over the same "
+      "graph (goal <= 2 us)\n",
+      latency[1] - latency[2], latency[1] - latency[3]);
   std::printf("  submit only (no wait): traced %.2f | hand graph %.2f | same graph %.2f us/call\n",
               submit_traced, submit_hand, submit_same);
   report["tiny"] = {{"launches", kLaunches},
@@ -204,23 +208,24 @@ int main(int argc, char** argv) {
     const auto& [x_slot, t_slot] = step.inputs();
     cudaGraphExec_t exec = cuda_graph_exec(*device, step.trace_ids().front());
     const std::size_t commands = device->trace_info(step.trace_ids().front()).commands;
-    const std::vector<double> us = interleaved(
-        {[&] {
-           (void)model.euler_step(latents, features, -0.05f);
-           device->synchronize(kDefaultQueue);
-         },
-         [&] { (void)step(x_slot, t_slot); },
-         [&] {
-           cuda_check(cudaGraphLaunch(exec, stream), "launch");
-           cuda_check(cudaStreamSynchronize(stream), "sync");
-         }},
-        rounds, 20);
+    const std::vector<double> us =
+        interleaved({[&] {
+                       (void)model.euler_step(latents, features, -0.05f);
+                       device->synchronize(kDefaultQueue);
+                     },
+                     [&] { (void)step(x_slot, t_slot); },
+                     [&] {
+                       cuda_check(cudaGraphLaunch(exec, stream), "launch");
+                       cuda_check(cudaStreamSynchronize(stream), "sync");
+                     }},
+                    rounds, 20);
     std::printf("dit %s (%lld tokens, hidden %lld, depth %lld; %zu commands), us per step:\n",
                 size.name, static_cast<long long>(c.tokens), static_cast<long long>(c.hidden),
                 static_cast<long long>(c.depth), commands);
-    std::printf("  eager %9.1f | traced %9.1f | same graph %9.1f | eager/traced %.2fx, "
-                "traced - graph %+.2f us\n",
-                us[0], us[1], us[2], us[0] / us[1], us[1] - us[2]);
+    std::printf(
+        "  eager %9.1f | traced %9.1f | same graph %9.1f | eager/traced %.2fx, "
+        "traced - graph %+.2f us\n",
+        us[0], us[1], us[2], us[0] / us[1], us[1] - us[2]);
     report["dit"].push_back({{"size", size.name},
                              {"commands", commands},
                              {"eager_us", us[0]},

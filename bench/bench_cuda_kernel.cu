@@ -19,7 +19,7 @@ __global__ void add_one(float4* x, long long n4) {
 // x: n floats (n a multiple of 4), 16-byte aligned.
 cudaError_t bench_hand_add_one(float* x, long long n, cudaStream_t stream) {
   const long long n4 = n / 4;
-  const unsigned int blocks = static_cast<unsigned int>((n4 + 255) / 256);
-  add_one<<<blocks > 0 ? blocks : 1, 256, 0, stream>>>(reinterpret_cast<float4*>(x), n4);
+  const unsigned int blocks = n4 > 0 ? static_cast<unsigned int>((n4 + 255) / 256) : 1u;
+  add_one<<<blocks, 256, 0, stream>>>(reinterpret_cast<float4*>(x), n4);
   return cudaGetLastError();
 }

@@ -33,8 +33,8 @@ struct CUgraphExec_st;  // cudaGraphExec_t is CUgraphExec_st*
 namespace retrace {
 
 struct CudaDeviceOptions {
-  DeviceId id{0};        // retrace's device id: the name is "cuda:<id>"
-  int ordinal = 0;       // which GPU (CUDA device ordinal)
+  DeviceId id{0};                                   // retrace's device id: the name is "cuda:<id>"
+  int ordinal = 0;                                  // which GPU (CUDA device ordinal)
   std::size_t memory_bytes = std::size_t{8} << 30;  // arena, allocated when the device opens
   // Limit on memory held by traces (all live traces plus the capture in progress).
   std::size_t trace_region_bytes = std::size_t{1} << 30;

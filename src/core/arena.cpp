@@ -33,8 +33,7 @@ Arena::Arena(std::string device_name, std::byte* base, std::size_t capacity,
       base_(base) {
   RETRACE_ASSERT(base != nullptr && alignment >= 64 && (alignment & (alignment - 1)) == 0,
                  "arena of {}: bad region or alignment", device_name_);
-  RETRACE_CHECK(capacity_ > 0, invalid_argument, "{}: memory_bytes must be positive",
-                device_name_);
+  RETRACE_CHECK(capacity_ > 0, invalid_argument, "{}: memory_bytes must be positive", device_name_);
   free_.emplace(0, capacity_);
 }
 
@@ -128,8 +127,7 @@ void Arena::give_back(std::size_t offset, std::size_t span) noexcept {
 }
 
 std::optional<std::string> Arena::free(const BlockInfo& info) noexcept {
-  const auto offset =
-      static_cast<std::size_t>(static_cast<std::byte*>(info.data) - base_) - guard_;
+  const auto offset = static_cast<std::size_t>(static_cast<std::byte*>(info.data) - base_) - guard_;
   std::lock_guard lock(mutex_);
   auto it = blocks_.find(offset);
   if (it == blocks_.end()) return std::nullopt;
@@ -185,7 +183,7 @@ void Arena::write_guards(std::size_t offset, const Block& block) noexcept {
 }
 
 std::optional<std::string> Arena::check_guards(std::size_t offset,
-                                                   const Block& block) const noexcept {
+                                               const Block& block) const noexcept {
   if (guard_ == 0) return std::nullopt;
   const std::byte* start = base_ + offset;
   const std::size_t tail = guard_ + block.extent;

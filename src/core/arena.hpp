@@ -54,8 +54,8 @@ class Arena {
 
  private:
   struct Block {
-    std::size_t span;    // bytes reserved, guards included
-    std::size_t size;    // bytes requested
+    std::size_t span;  // bytes reserved, guards included
+    std::size_t size;  // bytes requested
     // Bytes that kernels may legitimately write: the largest size the block had within its
     // trace (a capture may reuse a freed temporary for a smaller one, and replays still write
     // the earlier, larger tensor there). The tail guard starts after it.
@@ -87,8 +87,8 @@ class Arena {
   std::byte* base_ = nullptr;
 
   mutable std::mutex mutex_;
-  std::map<std::size_t, std::size_t> free_;    // offset -> span, coalesced
-  std::map<std::size_t, Block> blocks_;         // offset -> live block
+  std::map<std::size_t, std::size_t> free_;  // offset -> span, coalesced
+  std::map<std::size_t, Block> blocks_;      // offset -> live block
   std::unordered_map<std::uint64_t, Pool> pools_;
   std::size_t in_use_ = 0;
   std::size_t peak_ = 0;

@@ -37,9 +37,7 @@ template <>
 struct Elem<bf16_t> {
   using compute = float;
   __device__ static float load(const bf16_t* p, std::int64_t i) { return bf16_to_float(p[i].bits); }
-  __device__ static void store(bf16_t* p, std::int64_t i, float v) {
-    p[i].bits = float_to_bf16(v);
-  }
+  __device__ static void store(bf16_t* p, std::int64_t i, float v) { p[i].bits = float_to_bf16(v); }
 };
 
 // True when an earlier command of this queue or trace failed: the kernel must do nothing.
@@ -56,9 +54,9 @@ inline unsigned int blocks_for(std::int64_t n, int threads = kThreads) {
   return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
 
-#define RETRACE_GRID_STRIDE(i, n)                                                          \
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+#define RETRACE_GRID_STRIDE(i, n)                                                                  \
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
 // Sum (or max) of one value per thread over the block; every thread gets the result.
 // Needs blockDim.x a multiple of 32 and at most 1024.

@@ -25,7 +25,7 @@ namespace cuda {
 namespace {
 
 constexpr std::size_t kAlignment = 256;
-constexpr std::size_t kRetainEvery = 32;                     // eager commands per event
+constexpr std::size_t kRetainEvery = 32;                      // eager commands per event
 constexpr std::size_t kStagingChunk = std::size_t{16} << 20;  // largest pinned staging buffer
 
 std::string describe(cudaError_t error) {
@@ -41,7 +41,9 @@ void check(cudaError_t error, std::string_view what) {
 }
 
 // The GPU this device lives on is made current on every entry point (cheap when it already is).
-void make_current(int ordinal) { check(cudaSetDevice(ordinal), "cudaSetDevice"); }
+void make_current(int ordinal) {
+  check(cudaSetDevice(ordinal), "cudaSetDevice");
+}
 
 // Set while this thread has a stream capture open: polling events is then off limits.
 thread_local int t_open_captures = 0;
@@ -95,8 +97,7 @@ class DomainPool {
     std::vector<FailureRecord> clear(kSlab, FailureRecord{0u, 0u, ~0ULL});
     cudaError_t e = cudaHostGetDevicePointer(&flags_device, flags, 0);
     if (e == cudaSuccess) {
-      e = cudaMemcpy(records, clear.data(), kSlab * sizeof(FailureRecord),
-                     cudaMemcpyHostToDevice);
+      e = cudaMemcpy(records, clear.data(), kSlab * sizeof(FailureRecord), cudaMemcpyHostToDevice);
     }
     if (e != cudaSuccess) {
       (void)cudaFree(records);
@@ -234,7 +235,7 @@ struct Queue {
   // Replays of traces that can fail (assert_finite) since the queue last reported; a trace
   // removes itself from every queue's list when it is released.
   std::vector<CudaTrace*> replayed;
-  std::string released_failure;  // failure of a trace released before it was reported
+  std::string released_failure;        // failure of a trace released before it was reported
   std::shared_ptr<CudaTrace> capture;  // the trace being recorded on this queue
   std::thread::id capture_thread;
 };
@@ -299,8 +300,10 @@ class CudaDevice final : public Device {
     switch (capability) {
       case Capability::trace_capture:
       case Capability::events:
-      case Capability::async_queues: return true;
-      case Capability::host_visible_memory: return false;
+      case Capability::async_queues:
+        return true;
+      case Capability::host_visible_memory:
+        return false;
     }
     return false;
   }
@@ -358,8 +361,7 @@ class CudaDevice final : public Device {
   void do_enqueue(QueueId queue, const KernelLaunch& launch) override {
     make_current(options_.ordinal);
     if (const char* reason = unsupported_reason(launch.kernel, launch.params)) {
-      RETRACE_FAIL(invalid_argument, "{}: the CUDA device has no kernel for {}", launch.op,
-                   reason);
+      RETRACE_FAIL(invalid_argument, "{}: the CUDA device has no kernel for {}", launch.op, reason);
     }
     // Scratch first, outside the queue's lock (allocation takes the base's lock); on the
     // capturing thread it comes from the trace's pool and stays with the trace.
@@ -683,11 +685,9 @@ class CudaDevice final : public Device {
   // "op 'assert_finite' failed on queue 0 of cuda:0 (eager): element 1 of 3 is nan"
   std::string describe_failure(const Queue& q, const Domain& domain) {
     FailureRecord record{};
-    if (cudaMemcpy(&record, domain.record, sizeof record, cudaMemcpyDeviceToHost) !=
-        cudaSuccess) {
+    if (cudaMemcpy(&record, domain.record, sizeof record, cudaMemcpyDeviceToHost) != cudaSuccess) {
       (void)cudaGetLastError();
-      return fmt::format("a command failed on {} (its failure record could not be read)",
-                         q.label);
+      return fmt::format("a command failed on {} (its failure record could not be read)", q.label);
     }
     const unsigned int site_id = record.site != 0 ? record.site : *domain.flag;
     Site site{"assert_finite", 0, 0, 0};
@@ -702,13 +702,13 @@ class CudaDevice final : public Device {
       if (found != trace_commands_.end()) trace_commands = found->second;
     }
     const std::string where =
-        site.trace == 0 ? std::string("eager")
-                        : fmt::format("command {} of {} in trace {}", site.command,
-                                      trace_commands, site.trace);
+        site.trace == 0
+            ? std::string("eager")
+            : fmt::format("command {} of {} in trace {}", site.command, trace_commands, site.trace);
     const auto index = static_cast<std::int64_t>(record.element >> 32);
     const float value = std::bit_cast<float>(static_cast<std::uint32_t>(record.element));
-    return fmt::format("op '{}' failed on {} ({}): element {} of {} is {}", site.op, q.label,
-                       where, index, site.count, value);
+    return fmt::format("op '{}' failed on {} ({}): element {} of {} is {}", site.op, q.label, where,
+                       index, site.count, value);
   }
 
   unsigned int register_site(const Site& site) {

@@ -1,6 +1,6 @@
 // Elementwise CUDA kernels: fill, binary (broadcasting), binary with a scalar, unary, typecast.
-// Contiguous float32/bfloat16 loops use 16-byte (float32) or 8-byte (bfloat16) vector loads
-// when the pointers allow it.
+// Contiguous float32 loops use 16-byte (float4) accesses when the pointers and the length allow
+// it; everything else is a grid-stride loop over elements.
 #include "core/apply_binary.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
@@ -43,7 +43,9 @@ template <class T>
 __global__ void fill_kernel(const FailureRecord* record, T* out, std::int64_t n,
                             typename Elem<T>::compute value) {
   if (aborted(record)) return;
-  RETRACE_GRID_STRIDE(i, n) { Elem<T>::store(out, i, value); }
+  RETRACE_GRID_STRIDE(i, n) {
+    Elem<T>::store(out, i, value);
+  }
 }
 
 // Same-shape operands: a flat loop.
@@ -52,7 +54,9 @@ __global__ void binary_flat_kernel(const FailureRecord* record, const T* a, cons
                                    std::int64_t n) {
   if (aborted(record)) return;
   using E = Elem<T>;
-  RETRACE_GRID_STRIDE(i, n) { E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i))); }
+  RETRACE_GRID_STRIDE(i, n) {
+    E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i)));
+  }
 }
 
 // float32 same-shape operands, 16-byte aligned: four elements per thread.
@@ -75,8 +79,8 @@ struct Broadcast {
 };
 
 template <BinaryOp op, class T>
-__global__ void binary_broadcast_kernel(const FailureRecord* record, const T* a, const T* b,
-                                        T* out, std::int64_t n, Broadcast g) {
+__global__ void binary_broadcast_kernel(const FailureRecord* record, const T* a, const T* b, T* out,
+                                        std::int64_t n, Broadcast g) {
   if (aborted(record)) return;
   using E = Elem<T>;
   RETRACE_GRID_STRIDE(i, n) {
@@ -96,7 +100,9 @@ __global__ void binary_scalar_kernel(const FailureRecord* record, const T* a, T*
                                      std::int64_t n, typename Elem<T>::compute s) {
   if (aborted(record)) return;
   using E = Elem<T>;
-  RETRACE_GRID_STRIDE(i, n) { E::store(out, i, apply_binary<op>(E::load(a, i), s)); }
+  RETRACE_GRID_STRIDE(i, n) {
+    E::store(out, i, apply_binary<op>(E::load(a, i), s));
+  }
 }
 
 template <BinaryOp op>
@@ -114,8 +120,10 @@ template <UnaryOp op, class T>
 __global__ void unary_kernel(const FailureRecord* record, const T* a, T* out, std::int64_t n) {
   if (aborted(record)) return;
   using E = Elem<T>;
-  RETRACE_GRID_STRIDE(i, n) { E::store(out, i, static_cast<typename E::compute>(
-                                                   apply_unary<op>(static_cast<float>(E::load(a, i))))); }
+  RETRACE_GRID_STRIDE(i, n) {
+    const float y = apply_unary<op>(static_cast<float>(E::load(a, i)));
+    E::store(out, i, static_cast<typename E::compute>(y));
+  }
 }
 
 template <UnaryOp op>
@@ -143,17 +151,24 @@ __global__ void typecast_kernel(const FailureRecord* record, const From* src, To
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
+}
 
 // Calls f(T{}) with the storage type of dtype.
 template <class F>
 cudaError_t with_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::float32: return f(float{});
-    case DType::bfloat16: return f(bf16_t{});
-    case DType::int32: return f(std::int32_t{});
-    case DType::uint32: return f(std::uint32_t{});
-    case DType::uint8: return f(std::uint8_t{});
+    case DType::float32:
+      return f(float{});
+    case DType::bfloat16:
+      return f(bf16_t{});
+    case DType::int32:
+      return f(std::int32_t{});
+    case DType::uint32:
+      return f(std::uint32_t{});
+    case DType::uint8:
+      return f(std::uint8_t{});
   }
   return cudaErrorInvalidValue;
 }
@@ -193,8 +208,8 @@ void launch_binary_typed(const BinaryParams& p, const LaunchContext& ctx) {
     g.a_strides[d] = p.a_strides[d];
     g.b_strides[d] = p.b_strides[d];
   }
-  binary_broadcast_kernel<op, T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(ctx.record, a, b, out,
-                                                                             n, g);
+  binary_broadcast_kernel<op, T>
+      <<<blocks_for(n), kThreads, 0, ctx.stream>>>(ctx.record, a, b, out, n, g);
 }
 
 template <BinaryOp op, class T>
@@ -211,19 +226,31 @@ void launch_binary_scalar_typed(const BinaryScalarParams& p, const LaunchContext
       return;
     }
   }
-  binary_scalar_kernel<op, T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(ctx.record, a, out,
-                                                                                p.count, s);
+  binary_scalar_kernel<op, T>
+      <<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(ctx.record, a, out, p.count, s);
 }
 
 template <class F>
 cudaError_t with_binary_op(BinaryOp op, F&& f) {
   switch (op) {
-    case BinaryOp::add: f(std::integral_constant<BinaryOp, BinaryOp::add>{}); break;
-    case BinaryOp::sub: f(std::integral_constant<BinaryOp, BinaryOp::sub>{}); break;
-    case BinaryOp::mul: f(std::integral_constant<BinaryOp, BinaryOp::mul>{}); break;
-    case BinaryOp::div: f(std::integral_constant<BinaryOp, BinaryOp::div>{}); break;
-    case BinaryOp::maximum: f(std::integral_constant<BinaryOp, BinaryOp::maximum>{}); break;
-    case BinaryOp::minimum: f(std::integral_constant<BinaryOp, BinaryOp::minimum>{}); break;
+    case BinaryOp::add:
+      f(std::integral_constant<BinaryOp, BinaryOp::add>{});
+      break;
+    case BinaryOp::sub:
+      f(std::integral_constant<BinaryOp, BinaryOp::sub>{});
+      break;
+    case BinaryOp::mul:
+      f(std::integral_constant<BinaryOp, BinaryOp::mul>{});
+      break;
+    case BinaryOp::div:
+      f(std::integral_constant<BinaryOp, BinaryOp::div>{});
+      break;
+    case BinaryOp::maximum:
+      f(std::integral_constant<BinaryOp, BinaryOp::maximum>{});
+      break;
+    case BinaryOp::minimum:
+      f(std::integral_constant<BinaryOp, BinaryOp::minimum>{});
+      break;
   }
   return cudaGetLastError();
 }
@@ -243,23 +270,47 @@ void launch_unary_typed(UnaryOp op, const UnaryParams& p, const LaunchContext& c
         return;
       }
     }
-    unary_kernel<kOp, T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(ctx.record, a, out,
-                                                                          p.count);
+    unary_kernel<kOp, T>
+        <<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(ctx.record, a, out, p.count);
   };
   using U = UnaryOp;
   switch (op) {
-    case U::neg: go(std::integral_constant<U, U::neg>{}); break;
-    case U::abs: go(std::integral_constant<U, U::abs>{}); break;
-    case U::exp: go(std::integral_constant<U, U::exp>{}); break;
-    case U::log: go(std::integral_constant<U, U::log>{}); break;
-    case U::sqrt: go(std::integral_constant<U, U::sqrt>{}); break;
-    case U::rsqrt: go(std::integral_constant<U, U::rsqrt>{}); break;
-    case U::tanh: go(std::integral_constant<U, U::tanh>{}); break;
-    case U::sigmoid: go(std::integral_constant<U, U::sigmoid>{}); break;
-    case U::relu: go(std::integral_constant<U, U::relu>{}); break;
-    case U::silu: go(std::integral_constant<U, U::silu>{}); break;
-    case U::gelu: go(std::integral_constant<U, U::gelu>{}); break;
-    case U::gelu_tanh: go(std::integral_constant<U, U::gelu_tanh>{}); break;
+    case U::neg:
+      go(std::integral_constant<U, U::neg>{});
+      break;
+    case U::abs:
+      go(std::integral_constant<U, U::abs>{});
+      break;
+    case U::exp:
+      go(std::integral_constant<U, U::exp>{});
+      break;
+    case U::log:
+      go(std::integral_constant<U, U::log>{});
+      break;
+    case U::sqrt:
+      go(std::integral_constant<U, U::sqrt>{});
+      break;
+    case U::rsqrt:
+      go(std::integral_constant<U, U::rsqrt>{});
+      break;
+    case U::tanh:
+      go(std::integral_constant<U, U::tanh>{});
+      break;
+    case U::sigmoid:
+      go(std::integral_constant<U, U::sigmoid>{});
+      break;
+    case U::relu:
+      go(std::integral_constant<U, U::relu>{});
+      break;
+    case U::silu:
+      go(std::integral_constant<U, U::silu>{});
+      break;
+    case U::gelu:
+      go(std::integral_constant<U, U::gelu>{});
+      break;
+    case U::gelu_tanh:
+      go(std::integral_constant<U, U::gelu_tanh>{});
+      break;
   }
 }
 
@@ -303,9 +354,14 @@ cudaError_t launch_binary_scalar(const BinaryScalarParams& p, const LaunchContex
 
 cudaError_t launch_unary(const UnaryParams& p, const LaunchContext& ctx) {
   switch (p.dtype) {
-    case DType::float32: launch_unary_typed<float>(p.op, p, ctx); break;
-    case DType::bfloat16: launch_unary_typed<bf16_t>(p.op, p, ctx); break;
-    default: return cudaErrorInvalidValue;
+    case DType::float32:
+      launch_unary_typed<float>(p.op, p, ctx);
+      break;
+    case DType::bfloat16:
+      launch_unary_typed<bf16_t>(p.op, p, ctx);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -46,8 +46,8 @@ __global__ void softmax_kernel(const FailureRecord* record, const T* in, T* out,
 }
 
 template <class T>
-__global__ void norm_kernel(const FailureRecord* record, const T* a, const T* w, const T* b,
-                            T* out, std::int64_t cols, float eps, bool rms) {
+__global__ void norm_kernel(const FailureRecord* record, const T* a, const T* w, const T* b, T* out,
+                            std::int64_t cols, float eps, bool rms) {
   if (aborted(record)) return;
   using E = Elem<T>;
   const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * cols;
@@ -55,7 +55,8 @@ __global__ void norm_kernel(const FailureRecord* record, const T* a, const T* w,
   float mean = 0.0f;
   if (!rms) {
     float s = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += static_cast<float>(E::load(a, base + c));
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      s += static_cast<float>(E::load(a, base + c));
     mean = block_reduce<false>(s) / n;
   }
   float v = 0.0f;
@@ -79,8 +80,8 @@ __global__ void assert_finite_kernel(FailureRecord* record, unsigned int* host_f
   RETRACE_GRID_STRIDE(i, n) {
     const float v = static_cast<float>(Elem<T>::load(data, i));
     if (!isfinite(v)) {
-      const unsigned long long index = i < 0xffffffffLL ? static_cast<unsigned long long>(i)
-                                                        : 0xffffffffULL;
+      const unsigned long long index =
+          i < 0xffffffffLL ? static_cast<unsigned long long>(i) : 0xffffffffULL;
       atomicMin(&record->element, (index << 32) | __float_as_uint(v));
       record->site = site;
       __threadfence();
@@ -94,13 +95,17 @@ __global__ void assert_finite_kernel(FailureRecord* record, unsigned int* host_f
 __global__ void copy16_kernel(const FailureRecord* record, const uint4* src, uint4* dst,
                               std::int64_t n) {
   if (aborted(record)) return;
-  RETRACE_GRID_STRIDE(i, n) { dst[i] = src[i]; }
+  RETRACE_GRID_STRIDE(i, n) {
+    dst[i] = src[i];
+  }
 }
 
 __global__ void copy1_kernel(const FailureRecord* record, const unsigned char* src,
                              unsigned char* dst, std::int64_t n) {
   if (aborted(record)) return;
-  RETRACE_GRID_STRIDE(i, n) { dst[i] = src[i]; }
+  RETRACE_GRID_STRIDE(i, n) {
+    dst[i] = src[i];
+  }
 }
 
 struct Strides {
@@ -153,9 +158,14 @@ __global__ void tilize_kernel(const FailureRecord* record, const T* src, T* dst,
 template <class F>
 cudaError_t with_float(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::float32: f(float{}); break;
-    case DType::bfloat16: f(bf16_t{}); break;
-    default: return cudaErrorInvalidValue;
+    case DType::float32:
+      f(float{});
+      break;
+    case DType::bfloat16:
+      f(bf16_t{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -163,15 +173,24 @@ cudaError_t with_float(DType dtype, F&& f) {
 template <class F>
 cudaError_t with_size(std::int32_t elem_size, F&& f) {
   switch (elem_size) {
-    case 1: f(std::uint8_t{}); break;
-    case 2: f(std::uint16_t{}); break;
-    case 4: f(std::uint32_t{}); break;
-    default: return cudaErrorInvalidValue;
+    case 1:
+      f(std::uint8_t{});
+      break;
+    case 2:
+      f(std::uint16_t{});
+      break;
+    case 4:
+      f(std::uint32_t{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
+}
 
 }  // namespace
 
@@ -251,8 +270,8 @@ cudaError_t launch_tilize(const TilizeParams& p, const LaunchContext& ctx) {
   return with_size(p.elem_size, [&](auto tag) {
     using T = decltype(tag);
     tilize_kernel<T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
-        ctx.record, static_cast<const T*>(p.src), static_cast<T*>(p.dst), n, p.rows, p.cols,
-        prows, pcols, p.to_tile);
+        ctx.record, static_cast<const T*>(p.src), static_cast<T*>(p.dst), n, p.rows, p.cols, prows,
+        pcols, p.to_tile);
   });
 }
 

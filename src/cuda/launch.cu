@@ -10,7 +10,9 @@ const P& as(const void* params) {
   return *static_cast<const P*>(params);
 }
 
-bool is_float(DType dtype) { return dtype == DType::float32 || dtype == DType::bfloat16; }
+bool is_float(DType dtype) {
+  return dtype == DType::float32 || dtype == DType::bfloat16;
+}
 }  // namespace
 
 std::size_t scratch_bytes(KernelId kernel, const void* params) noexcept {
@@ -28,8 +30,7 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
       if (as<BinaryScalarParams>(params).dtype == DType::uint8) return "binary ops on uint8";
       return nullptr;
     case KernelId::assert_finite:
-      return is_float(as<AssertFiniteParams>(params).dtype) ? nullptr
-                                                            : "assert_finite on integers";
+      return is_float(as<AssertFiniteParams>(params).dtype) ? nullptr : "assert_finite on integers";
     case KernelId::unary:
       return is_float(as<UnaryParams>(params).dtype) ? nullptr : "unary ops on integers";
     case KernelId::reduce: {
@@ -69,8 +70,10 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
     }
     case KernelId::fill:
     case KernelId::copy:
-    case KernelId::typecast: return nullptr;
-    case KernelId::count_: break;
+    case KernelId::typecast:
+      return nullptr;
+    case KernelId::count_:
+      break;
   }
   return "this kernel";
 }
@@ -78,21 +81,36 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
 cudaError_t launch_command(KernelId kernel, const void* params, const LaunchContext& ctx,
                            cublasStatus_t* blas_status) {
   switch (kernel) {
-    case KernelId::fill: return launch_fill(as<FillParams>(params), ctx);
-    case KernelId::copy: return launch_copy(as<CopyParams>(params), ctx);
-    case KernelId::binary: return launch_binary(as<BinaryParams>(params), ctx);
-    case KernelId::binary_scalar: return launch_binary_scalar(as<BinaryScalarParams>(params), ctx);
-    case KernelId::assert_finite: return launch_assert_finite(as<AssertFiniteParams>(params), ctx);
-    case KernelId::unary: return launch_unary(as<UnaryParams>(params), ctx);
-    case KernelId::reduce: return launch_reduce(as<ReduceParams>(params), ctx);
-    case KernelId::softmax: return launch_softmax(as<SoftmaxParams>(params), ctx);
-    case KernelId::norm: return launch_norm(as<NormParams>(params), ctx);
-    case KernelId::matmul: return launch_matmul(as<MatmulParams>(params), ctx, blas_status);
-    case KernelId::strided_copy: return launch_strided_copy(as<StridedCopyParams>(params), ctx);
-    case KernelId::typecast: return launch_typecast(as<TypecastParams>(params), ctx);
-    case KernelId::tilize: return launch_tilize(as<TilizeParams>(params), ctx);
-    case KernelId::attention: return launch_attention(as<AttentionParams>(params), ctx, blas_status);
-    case KernelId::count_: break;
+    case KernelId::fill:
+      return launch_fill(as<FillParams>(params), ctx);
+    case KernelId::copy:
+      return launch_copy(as<CopyParams>(params), ctx);
+    case KernelId::binary:
+      return launch_binary(as<BinaryParams>(params), ctx);
+    case KernelId::binary_scalar:
+      return launch_binary_scalar(as<BinaryScalarParams>(params), ctx);
+    case KernelId::assert_finite:
+      return launch_assert_finite(as<AssertFiniteParams>(params), ctx);
+    case KernelId::unary:
+      return launch_unary(as<UnaryParams>(params), ctx);
+    case KernelId::reduce:
+      return launch_reduce(as<ReduceParams>(params), ctx);
+    case KernelId::softmax:
+      return launch_softmax(as<SoftmaxParams>(params), ctx);
+    case KernelId::norm:
+      return launch_norm(as<NormParams>(params), ctx);
+    case KernelId::matmul:
+      return launch_matmul(as<MatmulParams>(params), ctx, blas_status);
+    case KernelId::strided_copy:
+      return launch_strided_copy(as<StridedCopyParams>(params), ctx);
+    case KernelId::typecast:
+      return launch_typecast(as<TypecastParams>(params), ctx);
+    case KernelId::tilize:
+      return launch_tilize(as<TilizeParams>(params), ctx);
+    case KernelId::attention:
+      return launch_attention(as<AttentionParams>(params), ctx, blas_status);
+    case KernelId::count_:
+      break;
   }
   return cudaErrorInvalidValue;
 }

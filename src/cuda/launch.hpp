@@ -18,8 +18,8 @@ namespace retrace::cuda {
 
 // Device-side failure record of one queue or one trace (in device memory).
 struct FailureRecord {
-  unsigned int abort;        // nonzero once a command failed: later kernels skip
-  unsigned int site;         // the failing command's site id (see CudaDevice)
+  unsigned int abort;  // nonzero once a command failed: later kernels skip
+  unsigned int site;   // the failing command's site id (see CudaDevice)
   // (element index << 32) | float bits of the first bad element (atomicMin keeps the lowest).
   unsigned long long element;
 };
@@ -27,10 +27,10 @@ struct FailureRecord {
 struct LaunchContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  FailureRecord* record = nullptr;      // device memory
-  unsigned int* host_flag = nullptr;    // host-mapped: set to the site id by a failing kernel
-  unsigned int site = 0;                // site id of this command (assert_finite)
-  void* scratch = nullptr;              // device memory of scratch_bytes(...) bytes
+  FailureRecord* record = nullptr;    // device memory
+  unsigned int* host_flag = nullptr;  // host-mapped: set to the site id by a failing kernel
+  unsigned int site = 0;              // site id of this command (assert_finite)
+  void* scratch = nullptr;            // device memory of scratch_bytes(...) bytes
 };
 
 // Scratch memory the command needs for the duration of its work (attention scores), or 0.
