@@ -13,8 +13,8 @@
 //
 // Public methods check their arguments and the device state, then call a protected hook that
 // the backend implements. Rules every backend follows:
-//  - Captures are thread-local. On the capturing thread, host reads and writes, synchronize and
-//    events are capture violations while the capture is in progress; the capture stays open and
+//  - Captures are thread-local. On the capturing thread, host reads and writes, synchronize,
+//    blocking replays and events are capture violations while the capture is in progress; the capture stays open and
 //    the device usable. Other threads may keep using the device's other queues (their
 //    allocations never come from the trace's pool), but not the capturing queue. One capture per
 //    device at a time.

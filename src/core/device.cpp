@@ -262,6 +262,8 @@ void Device::execute_trace(TraceId trace, QueueId queue, Blocking blocking) {
                   "trace {}; replay it on another queue or end the capture first",
                   trace, queue_label(queue), capture_trace_);
   }
+  // A blocking replay waits for its queue: a synchronize (CUDA would invalidate the capture).
+  if (blocking == Blocking::yes) check_not_capturing("a blocking execute_trace");
   do_execute_trace(*found, queue, blocking);
 }
 

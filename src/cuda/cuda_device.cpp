@@ -391,6 +391,10 @@ class CudaDevice final : public Device {
       if (trace != nullptr) trace->has_asserts = true;
     }
 
+    if (trace == nullptr) {  // kept alive before launching: a failed launch may have run a part
+      for (Buffer* buffer : launch.buffers) q.pending.push_back(buffer->shared_from_this());
+      if (scratch) q.pending.push_back(scratch);
+    }
     cublasStatus_t blas = CUBLAS_STATUS_SUCCESS;
     const cudaError_t error = launch_command(launch.kernel, launch.params, ctx, &blas);
     if (error != cudaSuccess) {
@@ -421,8 +425,6 @@ class CudaDevice final : public Device {
       ++trace->info.commands;
       return;
     }
-    for (Buffer* buffer : launch.buffers) q.pending.push_back(buffer->shared_from_this());
-    if (scratch) q.pending.push_back(std::move(scratch));
     commands_executed_.fetch_add(1, std::memory_order_relaxed);
     if (++q.pending_commands >= kRetainEvery) mark(q);
   }
@@ -526,7 +528,9 @@ class CudaDevice final : public Device {
     auto& trace = static_cast<CudaTrace&>(base);
     Queue& q = queue_at(queue);
     std::lock_guard lock(q.mutex);
-    if (any_failure(q)) drain_and_report(q);
+    // An earlier failure is reported before the replay (not on a capturing thread, which must
+    // not wait: the next synchronize reports it).
+    if (t_open_captures == 0 && any_failure(q)) drain_and_report(q);
     {
       std::lock_guard trace_lock(trace.mutex);
       RETRACE_CHECK(!trace.released, failed_precondition,

@@ -82,6 +82,9 @@ TEST_P(DeviceConformance, CaptureViolationsAreRejectedAndLeaveTheDeviceUsable) {
   auto buffer = device().allocate(128);
   std::vector<std::byte> bytes(128);
   Event event = device().record_event(q1);
+  device().begin_trace_capture(q1);
+  Tensor w = ops::add(x, 2.0, q1);
+  const TraceId other = device().end_trace_capture(q1);
   const std::vector<std::pair<std::string, std::function<void()>>> forbidden = {
       {"reading a device buffer to the host", [&] { device().read(q1, *buffer, 0, bytes); }},
       {"reading a device buffer to the host", [&] { (void)x.to_vector<float>(); }},
@@ -94,6 +97,7 @@ TEST_P(DeviceConformance, CaptureViolationsAreRejectedAndLeaveTheDeviceUsable) {
       {"recording an event", [&] { (void)device().record_event(q1); }},
       {"waiting on an event", [&] { device().wait_event(q1, event); }},
       {"waiting for an event on the host", [&] { event.synchronize(); }},
+      {"a blocking execute_trace", [&] { device().execute_trace(other, q1, Blocking::yes); }},
   };
   for (const auto& [fragment, action] : forbidden) {
     device().begin_trace_capture(q0);
@@ -107,6 +111,13 @@ TEST_P(DeviceConformance, CaptureViolationsAreRejectedAndLeaveTheDeviceUsable) {
     EXPECT_EQ(z.to_vector<float>(), std::vector<float>(32, 4.0f)) << fragment;
     device().release_trace(trace);
   }
+  // A non-blocking replay on another queue is fine during a capture.
+  device().begin_trace_capture(q0);
+  EXPECT_NO_THROW(device().execute_trace(other, q1, Blocking::no));
+  (void)ops::add(x, 1.0);
+  device().release_trace(device().end_trace_capture(q0));
+  device().release_trace(other);
+  EXPECT_EQ(w.to_vector<float>(q1), std::vector<float>(32, 3.0f));
   EXPECT_EQ(device().stats().live_traces, 0u);
 }
 
