@@ -12,9 +12,11 @@
 #   summary.txt      one line per stage, PASS or FAIL
 # Exits non-zero if any stage failed. About 3-5 minutes on an H200 machine with 16 cores.
 #
+# Dependencies: the machine's own packages (scripts/setup.sh installs missing ones through
+# apt-get unless RETRACE_SKIP_SETUP=1), or, on a machine without a package registry, the Debian
+# packages scripts/gpu-deps.sh put into .gpu-deps/ beforehand (unpacked into a private prefix).
 # Environment: RETRACE_GPU_BUILD_DIR (default build-gpu), CMAKE_CUDA_ARCHITECTURES (default
-# "90-real;75-virtual"), RETRACE_SKIP_SETUP=1 to skip installing Debian packages (a machine
-# without a package registry needs them installed, or unpacked and named in CMAKE_PREFIX_PATH).
+# "90-real;75-virtual").
 set -uo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
@@ -47,14 +49,32 @@ else
   echo "gpu-check: nvidia-smi not found; is this a machine with an NVIDIA GPU?" | tee "$out/gpu.txt"
 fi
 
-if [[ "${RETRACE_SKIP_SETUP:-0}" != 1 ]] && command -v apt-get >/dev/null; then
+cmake_extra=()
+if compgen -G "$root/.gpu-deps/*.deb" >/dev/null; then
+  # Packages brought along by scripts/gpu-deps.sh: unpacked into a private prefix, never into /.
+  deps=${TMPDIR:-/tmp}/retrace-gpu-deps
+  mkdir -p "$deps"
+  for deb in "$root"/.gpu-deps/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$deps"
+    else
+      (cd "$deps" && ar p "$deb" data.tar.xz | tar -xJ)
+    fi
+  done
+  lib="$deps/usr/lib/x86_64-linux-gnu"
+  cmake_extra=("-DCMAKE_PREFIX_PATH=$deps/usr"
+    "-DRETRACE_OPENBLAS_LIBRARY=$lib/openblas-pthread/libopenblas.so"
+    "-DRETRACE_CBLAS_INCLUDE_DIR=$deps/usr/include/x86_64-linux-gnu/openblas-pthread")
+  export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "gpu-check: using the packages in .gpu-deps (unpacked into $deps)"
+elif [[ "${RETRACE_SKIP_SETUP:-0}" != 1 ]] && command -v apt-get >/dev/null; then
   "$root/scripts/setup.sh" || echo "gpu-check: setup.sh failed; building with what is installed"
 fi
 
 configure() {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DRETRACE_WITH_CUDA=ON -DRETRACE_WITH_LIBTORCH=OFF \
-    -DRETRACE_BUILD_EXAMPLES=OFF >"$out/configure.txt" 2>&1 || { cat "$out/configure.txt"; return 1; }
+    -DRETRACE_BUILD_EXAMPLES=OFF "${cmake_extra[@]}" >"$out/configure.txt" 2>&1 || { cat "$out/configure.txt"; return 1; }
   grep -q "CUDA backend enabled" "$out/configure.txt" || {
     echo "gpu-check: CMake did not enable the CUDA backend:"; grep -i cuda "$out/configure.txt"
     return 1
