@@ -45,8 +45,29 @@ void make_current(int ordinal) {
   check(cudaSetDevice(ordinal), "cudaSetDevice");
 }
 
-// Set while this thread has a stream capture open: polling events is then off limits.
+// Stream captures this thread has open (on any CUDA device).
 thread_local int t_open_captures = 0;
+
+// While this thread has a capture open, CUDA refuses calls it deems unsafe (waiting on a
+// stream, allocating) and invalidates the capture, even when they concern other streams. The
+// device's own bookkeeping (reaping finished work, reading or waiting on another queue or
+// device, allocating staging memory) never touches the capturing stream, so it runs in the
+// relaxed mode; kernel launches never do.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() noexcept {
+    if (t_open_captures > 0) active_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
+  }
+  ~RelaxedCapture() {
+    if (active_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool active_ = false;
+};
 
 // Failure records (device memory) with their host-mapped flags, in slabs.
 struct Domain {
@@ -84,6 +105,7 @@ class DomainPool {
   static constexpr std::size_t kSlab = 256;
 
   void grow() {
+    RelaxedCapture relaxed;
     void* records = nullptr;
     check(cudaMalloc(&records, kSlab * sizeof(FailureRecord)), "allocating failure records");
     void* flags = nullptr;
@@ -141,7 +163,10 @@ class StagingPool {
         buffers.pop_back();
       }
     }
-    if (p == nullptr) check(cudaHostAlloc(&p, size, cudaHostAllocPortable), "pinned staging");
+    if (p == nullptr) {
+      RelaxedCapture relaxed;
+      check(cudaHostAlloc(&p, size, cudaHostAllocPortable), "pinned staging");
+    }
     std::weak_ptr<StagingPool> weak = self;
     return std::shared_ptr<void>(p, [weak, size](void* q) {
       if (auto pool = weak.lock()) {
@@ -183,12 +208,14 @@ class CudaEventState final : public detail::EventState {
   CudaEventState& operator=(const CudaEventState&) = delete;
 
   [[nodiscard]] bool is_complete() const override {
+    RelaxedCapture relaxed;
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaErrorNotReady) return false;
     check(e, "is_complete");
     return true;
   }
   void wait() const override {
+    RelaxedCapture relaxed;
     make_current(ordinal_);
     check(cudaEventSynchronize(event_), "waiting for an event");
   }
@@ -238,6 +265,7 @@ struct Queue {
   std::string released_failure;        // failure of a trace released before it was reported
   std::shared_ptr<CudaTrace> capture;  // the trace being recorded on this queue
   std::thread::id capture_thread;
+  cudaEvent_t capture_fence = nullptr;  // recorded just before the capture began
 };
 
 struct Site {
@@ -255,6 +283,7 @@ class CudaDevice final : public Device {
         region_(region),
         arena_(name(), region, region_bytes, options.trace_region_bytes, 0, kAlignment),
         staging_(std::make_shared<StagingPool>()) {
+    RelaxedCapture relaxed;  // another device may be capturing on this thread
     try {
       queues_.reserve(options.num_queues);
       for (std::uint32_t q = 0; q < options.num_queues; ++q) {
@@ -283,6 +312,7 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     (void)cudaSetDevice(options_.ordinal);
+    RelaxedCapture relaxed;
     abandon_capture();  // before anything waits on the capturing stream
     for (auto& queue : queues_) (void)cudaStreamSynchronize(queue->stream);
     close();
@@ -347,6 +377,7 @@ class CudaDevice final : public Device {
 
   void do_read(QueueId queue, const Buffer& src, std::size_t offset,
                std::span<std::byte> dst) override {
+    RelaxedCapture relaxed;  // another device (or queue) may be capturing on this thread
     make_current(options_.ordinal);
     Queue& q = queue_at(queue);
     std::lock_guard lock(q.mutex);
@@ -441,6 +472,7 @@ class CudaDevice final : public Device {
     Queue& q = queue_at(queue);
     std::lock_guard lock(q.mutex);
     cudaEvent_t event = nullptr;
+    RelaxedCapture relaxed;
     check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "record_event");
     auto state = std::make_shared<CudaEventState>(event, options_.ordinal);
     check(cudaEventRecord(event, q.stream), fmt::format("record_event on {}", q.label));
@@ -463,6 +495,11 @@ class CudaDevice final : public Device {
     Queue& q = queue_at(queue);
     std::lock_guard lock(q.mutex);
     mark(q);  // earlier eager work keeps its own event, recorded outside the capture
+    if (q.capture_fence == nullptr) {
+      RelaxedCapture relaxed;
+      check(cudaEventCreateWithFlags(&q.capture_fence, cudaEventDisableTiming), "capture fence");
+    }
+    check(cudaEventRecord(q.capture_fence, q.stream), "begin_trace_capture: capture fence");
     auto trace = std::make_shared<CudaTrace>();
     trace->info.id = id;  // the base sets it again at the end; kernels' sites need it now
     trace->domain = domains_.take();
@@ -562,7 +599,14 @@ class CudaDevice final : public Device {
       Queue& q = *queues_[i];
       if ((queues >> i & 1u) == 0) continue;
       std::lock_guard lock(q.mutex);
-      (void)cudaStreamSynchronize(q.stream);  // no replay may touch freed memory
+      RelaxedCapture relaxed;
+      // No replay may touch freed memory. A queue capturing now cannot be waited on; its
+      // replays all came before the capture began, which recorded the fence after them.
+      if (q.capture) {
+        (void)cudaEventSynchronize(q.capture_fence);
+      } else {
+        (void)cudaStreamSynchronize(q.stream);
+      }
       // A failure of this trace not reported yet is reported with the queue's next report.
       if (trace.domain.failed()) {
         try {
@@ -632,6 +676,7 @@ class CudaDevice final : public Device {
       event = q.spare_events.back();
       q.spare_events.pop_back();
     } else {
+      RelaxedCapture relaxed;
       check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
     }
     if (const cudaError_t e = cudaEventRecord(event, q.stream); e != cudaSuccess) {
@@ -643,9 +688,9 @@ class CudaDevice final : public Device {
     q.pending_commands = 0;
   }
 
-  // Drops what finished work no longer needs (not while this thread captures).
+  // Drops what finished work no longer needs.
   void reap(Queue& q) {
-    if (t_open_captures > 0) return;
+    RelaxedCapture relaxed;
     while (!q.in_flight.empty() && cudaEventQuery(q.in_flight.front().event) == cudaSuccess) {
       q.spare_events.push_back(q.in_flight.front().event);
       q.in_flight.pop_front();
@@ -654,6 +699,7 @@ class CudaDevice final : public Device {
 
   // Waits for the queue, frees what its work held, and throws its first failure.
   void drain_and_report(Queue& q) {
+    RelaxedCapture relaxed;
     const cudaError_t error = cudaStreamSynchronize(q.stream);
     q.pending.clear();
     q.pending_commands = 0;
@@ -747,6 +793,7 @@ class CudaDevice final : public Device {
   void destroy_queues() noexcept {
     for (auto& queue : queues_) {
       for (cudaEvent_t event : queue->spare_events) (void)cudaEventDestroy(event);
+      if (queue->capture_fence != nullptr) (void)cudaEventDestroy(queue->capture_fence);
       if (queue->blas != nullptr) (void)cublasDestroy(queue->blas);
       if (queue->blas_workspace != nullptr) (void)cudaFree(queue->blas_workspace);
       if (queue->stream != nullptr) (void)cudaStreamDestroy(queue->stream);
@@ -823,6 +870,7 @@ std::unique_ptr<Device> open_cuda_device(const CudaDeviceOptions& options) {
   cuda::make_current(options.ordinal);
   const std::size_t bytes = detail::Arena::round_capacity(options.memory_bytes, cuda::kAlignment);
   void* region = nullptr;
+  cuda::RelaxedCapture relaxed;  // another device may be capturing on this thread
   if (const cudaError_t e = cudaMalloc(&region, bytes); e != cudaSuccess) {
     (void)cudaGetLastError();
     std::size_t free_bytes = 0, total = 0;
