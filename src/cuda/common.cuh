@@ -58,6 +58,38 @@ inline unsigned int blocks_for(std::int64_t n, int threads = kThreads) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
+// A row-major iteration space of up to kMaxKernelRank dimensions over two strided operands.
+struct TwoOperandSpace {
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t first[kMaxKernelRank];   // strides (elements) of the first operand
+  std::int64_t second[kMaxKernelRank];  // ... and of the second
+  int rank;
+
+  // Element offsets in both operands of flat index i.
+  __device__ void offsets(std::int64_t i, std::int64_t& o_first, std::int64_t& o_second) const {
+    o_first = 0;
+    o_second = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const std::int64_t idx = i % shape[d];
+      i /= shape[d];
+      o_first += idx * first[d];
+      o_second += idx * second[d];
+    }
+  }
+};
+
+inline TwoOperandSpace make_space(const std::int64_t* shape, const std::int64_t* first,
+                                  const std::int64_t* second, int rank) {
+  TwoOperandSpace g{};
+  g.rank = rank;
+  for (int d = 0; d < rank; ++d) {
+    g.shape[d] = shape[d];
+    g.first[d] = first[d];
+    g.second[d] = second[d];
+  }
+  return g;
+}
+
 // Sum (or max) of one value per thread over the block; every thread gets the result.
 // Needs blockDim.x a multiple of 32 and at most 1024.
 template <bool kMax>

@@ -71,26 +71,14 @@ __global__ void binary_flat4_kernel(const FailureRecord* record, const float4* a
   }
 }
 
-struct Broadcast {
-  std::int64_t shape[kMaxKernelRank];
-  std::int64_t a_strides[kMaxKernelRank];
-  std::int64_t b_strides[kMaxKernelRank];
-  int rank;
-};
-
 template <BinaryOp op, class T>
 __global__ void binary_broadcast_kernel(const FailureRecord* record, const T* a, const T* b, T* out,
-                                        std::int64_t n, Broadcast g) {
+                                        std::int64_t n, TwoOperandSpace g) {
   if (aborted(record)) return;
   using E = Elem<T>;
   RETRACE_GRID_STRIDE(i, n) {
-    std::int64_t rest = i, ia = 0, ib = 0;
-    for (int d = g.rank - 1; d >= 0; --d) {
-      const std::int64_t idx = rest % g.shape[d];
-      rest /= g.shape[d];
-      ia += idx * g.a_strides[d];
-      ib += idx * g.b_strides[d];
-    }
+    std::int64_t ia = 0, ib = 0;
+    g.offsets(i, ia, ib);
     E::store(out, i, apply_binary<op>(E::load(a, ia), E::load(b, ib)));
   }
 }
@@ -201,13 +189,7 @@ void launch_binary_typed(const BinaryParams& p, const LaunchContext& ctx) {
     binary_flat_kernel<op, T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(ctx.record, a, b, out, n);
     return;
   }
-  Broadcast g{};
-  g.rank = p.rank;
-  for (int d = 0; d < p.rank; ++d) {
-    g.shape[d] = p.shape[d];
-    g.a_strides[d] = p.a_strides[d];
-    g.b_strides[d] = p.b_strides[d];
-  }
+  const TwoOperandSpace g = make_space(p.shape, p.a_strides, p.b_strides, p.rank);
   binary_broadcast_kernel<op, T>
       <<<blocks_for(n), kThreads, 0, ctx.stream>>>(ctx.record, a, b, out, n, g);
 }

@@ -108,25 +108,13 @@ __global__ void copy1_kernel(const FailureRecord* record, const unsigned char* s
   }
 }
 
-struct Strides {
-  std::int64_t shape[kMaxKernelRank];
-  std::int64_t src[kMaxKernelRank];
-  std::int64_t dst[kMaxKernelRank];
-  int rank;
-};
-
 template <class T>
 __global__ void strided_copy_kernel(const FailureRecord* record, const T* src, T* dst,
-                                    std::int64_t n, Strides g) {
+                                    std::int64_t n, TwoOperandSpace g) {
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
-    std::int64_t rest = i, is = 0, id = 0;
-    for (int d = g.rank - 1; d >= 0; --d) {
-      const std::int64_t idx = rest % g.shape[d];
-      rest /= g.shape[d];
-      is += idx * g.src[d];
-      id += idx * g.dst[d];
-    }
+    std::int64_t is = 0, id = 0;
+    g.offsets(i, is, id);
     dst[id] = src[is];
   }
 }
@@ -246,14 +234,8 @@ cudaError_t launch_copy(const CopyParams& p, const LaunchContext& ctx) {
 
 cudaError_t launch_strided_copy(const StridedCopyParams& p, const LaunchContext& ctx) {
   std::int64_t n = 1;
-  Strides g{};
-  g.rank = p.rank;
-  for (int d = 0; d < p.rank; ++d) {
-    n *= p.shape[d];
-    g.shape[d] = p.shape[d];
-    g.src[d] = p.src_strides[d];
-    g.dst[d] = p.dst_strides[d];
-  }
+  for (int d = 0; d < p.rank; ++d) n *= p.shape[d];
+  const TwoOperandSpace g = make_space(p.shape, p.src_strides, p.dst_strides, p.rank);
   if (n == 0) return cudaSuccess;
   return with_size(p.elem_size, [&](auto tag) {
     using T = decltype(tag);
