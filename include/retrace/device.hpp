@@ -13,11 +13,11 @@
 //
 // Public methods check their arguments and the device state, then call a protected hook that
 // the backend implements. Rules every backend follows:
-//  - Captures are thread-local. On the capturing thread, host reads and writes, synchronize,
-//    blocking replays and events are capture violations while the capture is in progress; the capture stays open and
-//    the device usable. Other threads may keep using the device's other queues (their
-//    allocations never come from the trace's pool), but not the capturing queue. One capture per
-//    device at a time.
+//  - Captures are thread-local: a capture is ended on the thread that began it. On the
+//    capturing thread, host reads and writes, synchronize, blocking replays and events are
+//    capture violations while the capture is in progress; the capture stays open and the device
+//    usable. Other threads may keep using the device's other queues (their allocations never
+//    come from the trace's pool), but not the capturing queue. One capture per device at a time.
 //  - Buffers allocated during a capture belong to the trace's private pool: they stay reserved
 //    until the trace is released (and, if a handle to one is still held then, until that handle
 //    is dropped), so nothing allocated later can alias memory a replay writes.
