@@ -1,20 +1,16 @@
-// Shared by the CUDA kernel files: element access (bfloat16 stored as its 16 bits and computed
-// in float, rounded to nearest even exactly as retrace::bfloat16 does), the skip-after-failure
-// check and launch geometry.
+// Shared by the CUDA kernel files: element access (bfloat16 computed in float), the
+// skip-after-failure check and launch geometry.
 #pragma once
 
 #include "cuda/launch.hpp"
+#include "retrace/bfloat16.hpp"
+#include "retrace/dtype_dispatch.hpp"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace retrace::cuda {
-
-// Storage type of bfloat16 in kernels.
-struct bf16_t {
-  std::uint16_t bits;
-};
 
 template <class T>
 struct Elem {
@@ -23,22 +19,20 @@ struct Elem {
   __device__ static void store(T* p, std::int64_t i, T v) { p[i] = v; }
 };
 
-__device__ inline float bf16_to_float(std::uint16_t bits) {
-  return __uint_as_float(static_cast<unsigned int>(bits) << 16);
-}
-
-__device__ inline std::uint16_t float_to_bf16(float f) {
-  const unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
+// bfloat16 is retrace::bfloat16 itself: its constexpr conversions run in device code too
+// (--expt-relaxed-constexpr), so both devices round the same way by construction.
 template <>
-struct Elem<bf16_t> {
+struct Elem<bfloat16> {
   using compute = float;
-  __device__ static float load(const bf16_t* p, std::int64_t i) { return bf16_to_float(p[i].bits); }
-  __device__ static void store(bf16_t* p, std::int64_t i, float v) { p[i].bits = float_to_bf16(v); }
+  __device__ static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
+  __device__ static void store(bfloat16* p, std::int64_t i, float v) {
+    p[i] = bfloat16::from_float(v);
+  }
 };
+
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
+}
 
 // True when an earlier command of this queue or trace failed: the kernel must do nothing.
 __device__ inline bool aborted(const FailureRecord* record) {

@@ -145,9 +145,9 @@ cudaError_t launch_attention_softmax(const AttentionParams& p, std::int64_t bh0,
   const auto rows = static_cast<unsigned int>(bhs * p.sq);
   if (rows == 0 || p.sk == 0) return cudaSuccess;
   if (p.dtype == DType::bfloat16) {
-    attention_softmax_kernel<bf16_t><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
-        ctx.record, scores, static_cast<bf16_t*>(probs), static_cast<const bf16_t*>(p.mask), bh0,
-        p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride);
+    attention_softmax_kernel<bfloat16><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
+        ctx.record, scores, static_cast<bfloat16*>(probs), static_cast<const bfloat16*>(p.mask),
+        bh0, p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride);
   } else {
     attention_softmax_kernel<float><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
         ctx.record, scores, static_cast<float*>(probs), static_cast<const float*>(p.mask), bh0,

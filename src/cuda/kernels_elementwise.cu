@@ -131,34 +131,12 @@ __global__ void typecast_kernel(const FailureRecord* record, const From* src, To
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
     const auto v = Elem<From>::load(src, i);
-    if constexpr (std::is_same_v<To, bf16_t>) {
+    if constexpr (std::is_same_v<To, bfloat16>) {
       Elem<To>::store(dst, i, static_cast<float>(v));
     } else {
       dst[i] = static_cast<To>(v);
     }
   }
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
-}
-
-// Calls f(T{}) with the storage type of dtype.
-template <class F>
-cudaError_t with_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::float32:
-      return f(float{});
-    case DType::bfloat16:
-      return f(bf16_t{});
-    case DType::int32:
-      return f(std::int32_t{});
-    case DType::uint32:
-      return f(std::uint32_t{});
-    case DType::uint8:
-      return f(std::uint8_t{});
-  }
-  return cudaErrorInvalidValue;
 }
 
 template <BinaryOp op, class T>
@@ -300,7 +278,7 @@ void launch_unary_typed(UnaryOp op, const UnaryParams& p, const LaunchContext& c
 
 cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
   if (p.count == 0) return cudaSuccess;
-  return with_dtype(p.dtype, [&](auto tag) {
+  return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     fill_kernel<T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
         ctx.record, static_cast<T*>(p.out), p.count,
@@ -312,7 +290,7 @@ cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
 // Binary kernels exist for every dtype but uint8 (as on the CPU device).
 template <class P, class Launch>
 cudaError_t dispatch_binary(const P& p, Launch&& launch) {
-  return with_dtype(p.dtype, [&](auto tag) -> cudaError_t {
+  return dispatch_dtype(p.dtype, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, std::uint8_t>) {
       return cudaErrorInvalidValue;
@@ -340,7 +318,7 @@ cudaError_t launch_unary(const UnaryParams& p, const LaunchContext& ctx) {
       launch_unary_typed<float>(p.op, p, ctx);
       break;
     case DType::bfloat16:
-      launch_unary_typed<bf16_t>(p.op, p, ctx);
+      launch_unary_typed<bfloat16>(p.op, p, ctx);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -350,9 +328,9 @@ cudaError_t launch_unary(const UnaryParams& p, const LaunchContext& ctx) {
 
 cudaError_t launch_typecast(const TypecastParams& p, const LaunchContext& ctx) {
   if (p.count == 0) return cudaSuccess;
-  return with_dtype(p.from, [&](auto from_tag) {
+  return dispatch_dtype(p.from, [&](auto from_tag) {
     using From = decltype(from_tag);
-    return with_dtype(p.to, [&](auto to_tag) {
+    return dispatch_dtype(p.to, [&](auto to_tag) {
       using To = decltype(to_tag);
       typecast_kernel<From, To><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
           ctx.record, static_cast<const From*>(p.src), static_cast<To*>(p.dst), p.count);

@@ -150,7 +150,7 @@ cudaError_t with_float(DType dtype, F&& f) {
       f(float{});
       break;
     case DType::bfloat16:
-      f(bf16_t{});
+      f(bfloat16{});
       break;
     default:
       return cudaErrorInvalidValue;
@@ -174,10 +174,6 @@ cudaError_t with_size(std::int32_t elem_size, F&& f) {
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }
 
 }  // namespace
