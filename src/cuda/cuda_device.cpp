@@ -341,10 +341,12 @@ class CudaDevice final : public Device {
   cudaStream_t stream(QueueId queue) const { return queues_.at(queue.value)->stream; }
 
   cudaGraphExec_t graph_exec(TraceId id) {
-    const TraceInfo info = trace_info(id);  // throws for unknown ids
     std::lock_guard lock(traces_mutex_);
-    auto found = exec_by_trace_.find(info.id.value);
-    return found == exec_by_trace_.end() ? nullptr : found->second;
+    auto found = captured_.find(id.value);
+    RETRACE_CHECK(found != captured_.end(), invalid_argument,
+                  "cuda_graph_exec: trace {} does not exist on {} (never captured, or released)",
+                  id, name());
+    return found->second->exec;
   }
 
  protected:
@@ -552,8 +554,7 @@ class CudaDevice final : public Device {
     trace->seen.clear();
     {
       std::lock_guard traces_lock(traces_mutex_);
-      exec_by_trace_[id.value] = trace->exec;
-      trace_commands_[id.value] = trace->info.commands;
+      captured_[id.value] = trace.get();
     }
     log(LogLevel::debug, "{}: trace {} captured: {} commands, {} graph nodes, {} bytes of pool",
         name(), id, trace->info.commands, trace->graph_nodes, bytes);
@@ -621,8 +622,7 @@ class CudaDevice final : public Device {
     }
     {
       std::lock_guard traces_lock(traces_mutex_);
-      exec_by_trace_.erase(trace.info.id.value);
-      trace_commands_.erase(trace.info.id.value);
+      captured_.erase(trace.info.id.value);
     }
     if (trace.exec != nullptr) (void)cudaGraphExecDestroy(trace.exec);
     trace.exec = nullptr;
@@ -748,8 +748,8 @@ class CudaDevice final : public Device {
     }
     if (site.trace != 0) {
       std::lock_guard lock(traces_mutex_);
-      auto found = trace_commands_.find(site.trace);
-      if (found != trace_commands_.end()) trace_commands = found->second;
+      auto found = captured_.find(site.trace);
+      if (found != captured_.end()) trace_commands = found->second->info.commands;
     }
     const std::string where =
         site.trace == 0
@@ -816,8 +816,8 @@ class CudaDevice final : public Device {
       site_ids_;
 
   mutable std::mutex traces_mutex_;
-  std::unordered_map<std::uint64_t, cudaGraphExec_t> exec_by_trace_;
-  std::unordered_map<std::uint64_t, std::size_t> trace_commands_;
+  // Traces captured and not yet released (their graphs and command counts are read by id).
+  std::unordered_map<std::uint64_t, const CudaTrace*> captured_;
 
   std::atomic<std::uint64_t> commands_executed_{0};
   std::atomic<std::uint64_t> traces_executed_{0};

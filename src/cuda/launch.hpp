@@ -1,6 +1,6 @@
 // The boundary between the CUDA device (host bookkeeping, C++) and its kernels (CUDA C++).
 //
-// The device validates a KernelLaunch (check_launch), then calls launch_command with the stream,
+// The device validates a KernelLaunch (unsupported_reason), then calls launch_command with the stream,
 // cuBLAS handle and failure record of the queue or trace the command belongs to. Every kernel
 // of ours first reads `record->abort` and returns at once when an earlier command of the same
 // queue (or trace) failed, so work queued behind a failure is skipped.
