@@ -5,8 +5,8 @@
 // calling thread as it is enqueued (ExecutionMode::inline_). A blocking replay always runs on the
 // calling thread, once the queue's earlier work is done: a hand-off to another core costs
 // microseconds, more than replaying a small trace. Kernels split large loops across the cores
-// (RETRACE_KERNEL_THREADS caps the threads). Commands are plain structs (a kernel function pointer and its
-// parameters), replayed by walking an array.
+// (RETRACE_KERNEL_THREADS caps the threads). Commands are plain structs (a kernel function
+// pointer and its parameters), replayed by walking an array.
 //
 //   retrace::CpuDeviceOptions options;
 //   options.memory_bytes = 256 << 20;

@@ -379,13 +379,11 @@ class TracedMethod {
   // with automatic keys.
   [[nodiscard]] const typename TracerT::Inputs& inputs(Obj& object,
                                                        const std::string& key = "") const {
-    Device& device = device_of_(object);
-    const auto* tracer = cache_->find(
-        detail::CacheKey{&object, {reinterpret_cast<std::uintptr_t>(&device)}, key, {}});
-    RETRACE_CHECK(tracer != nullptr, failed_precondition,
+    const TracerT* found = tracer(object, key);
+    RETRACE_CHECK(found != nullptr, failed_precondition,
                   "{}: no trace for this object with key \"{}\"; make a traced call first",
                   cache_->options().name, key);
-    return tracer->inputs();
+    return found->inputs();
   }
   // The tracer behind the object's trace for `key` (null if none), e.g. to inspect its trace.
   [[nodiscard]] const TracerT* tracer(Obj& object, const std::string& key = "") const {
