@@ -187,14 +187,11 @@ int main(int argc, char** argv) {
   cuda_check(cudaFree(hand_buffer), "free");
 
   // --- dit ----------------------------------------------------------------------------------
-  struct Size {
-    const char* name;
-    models::DiTConfig config;
-  };
-  const Size sizes[] = {{"S", {.tokens = 16, .hidden = 64, .depth = 2, .heads = 2}},
-                        {"M", {.tokens = 256, .hidden = 256, .depth = 4, .heads = 4}}};
+  // Sizes S and M of the CLI's bench (L adds little on a GPU here: kernels, not launches).
+  const auto& all_sizes = models::benchmark_sizes();
+  const std::vector<models::NamedDiTConfig> sizes(all_sizes.begin(), all_sizes.begin() + 2);
   report["dit"] = nlohmann::json::array();
-  for (const Size& size : sizes) {
+  for (const models::NamedDiTConfig& size : sizes) {
     models::DiT model(size.config, *device);
     const auto& c = model.config();
     Tensor latents = ops::full({1, c.tokens, c.hidden}, 0.5, *device);
@@ -220,8 +217,8 @@ int main(int argc, char** argv) {
                      }},
                     rounds, 20);
     std::printf("dit %s (%lld tokens, hidden %lld, depth %lld; %zu commands), us per step:\n",
-                size.name, static_cast<long long>(c.tokens), static_cast<long long>(c.hidden),
-                static_cast<long long>(c.depth), commands);
+                size.name.c_str(), static_cast<long long>(c.tokens),
+                static_cast<long long>(c.hidden), static_cast<long long>(c.depth), commands);
     std::printf(
         "  eager %9.1f | traced %9.1f | same graph %9.1f | eager/traced %.2fx, "
         "traced - graph %+.2f us\n",

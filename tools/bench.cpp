@@ -31,19 +31,6 @@ namespace {
 using timing::Clock;
 using timing::median;
 
-struct Size {
-  std::string name;
-  models::DiTConfig config;
-};
-
-const std::vector<Size>& all_sizes() {
-  static const std::vector<Size> sizes = {
-      {"S", {.tokens = 16, .hidden = 64, .depth = 2, .heads = 2}},
-      {"M", {.tokens = 256, .hidden = 256, .depth = 4, .heads = 4}},
-      {"L", {.tokens = 1024, .hidden = 512, .depth = 4, .heads = 8}}};
-  return sizes;
-}
-
 template <class F>
 double time_ms(F&& f) {
   const auto t0 = Clock::now();
@@ -68,7 +55,7 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   return diff / std::max(scale, 1e-30);
 }
 
-Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
+Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::int64_t steps) {
   cpu::set_kernel_thread_limit(threads);
   openblas_set_num_threads(threads);
   auto device = open_cpu_device();
@@ -104,44 +91,41 @@ Row measure(const Size& size, int threads, int repeats, std::int64_t steps) {
   if (torch_step) torch_step->set_threads(threads);
 
   // Agreement: one step of each from the same state.
-  {
-    std::vector<float> f = start;
-    floor.step(f.data(), features.data(), dt);
-    const Tensor once = model.euler_step(
-        Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device), t_features, dt);
-    const std::vector<float> e = once.to_vector<float>();
-    double worst = 0.0;
-    for (std::size_t i = 0; i < e.size(); ++i) {
-      worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
-    }
-    floor.step(floor_x.data(), features.data(), 0.0f);  // warm up
-    Row row{size.name, threads, 0, 0, 0, worst, std::nullopt, std::nullopt};
-    if (torch_step) {
-      std::vector<float> t = start;
-      torch_step->step(t.data(), features.data(), dt);
-      row.libtorch_rel_error = relative_error(t, e);
-    }
-    std::vector<double> eager_ms, traced_ms, floor_ms, torch_ms;
-    for (int r = 0; r < repeats; ++r) {
-      for (std::int64_t s = 0; s < steps; ++s) {
-        eager_ms.push_back(time_ms([&] {
-          eager_x = model.euler_step(eager_x, t_features, dt);
-          device->synchronize();
-        }));
-        traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs()), t_features); }));
-        floor_ms.push_back(time_ms([&] { floor.step(floor_x.data(), features.data(), dt); }));
-        if (torch_step) {
-          torch_ms.push_back(
-              time_ms([&] { torch_step->step(torch_x.data(), features.data(), dt); }));
-        }
+  std::vector<float> f = start;
+  floor.step(f.data(), features.data(), dt);
+  const Tensor once = model.euler_step(
+      Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device), t_features, dt);
+  const std::vector<float> e = once.to_vector<float>();
+  double worst = 0.0;
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
+  }
+  floor.step(floor_x.data(), features.data(), 0.0f);  // warm up
+  Row row{size.name, threads, 0, 0, 0, worst, std::nullopt, std::nullopt};
+  if (torch_step) {
+    std::vector<float> t = start;
+    torch_step->step(t.data(), features.data(), dt);
+    row.libtorch_rel_error = relative_error(t, e);
+  }
+  std::vector<double> eager_ms, traced_ms, floor_ms, torch_ms;
+  for (int r = 0; r < repeats; ++r) {
+    for (std::int64_t s = 0; s < steps; ++s) {
+      eager_ms.push_back(time_ms([&] {
+        eager_x = model.euler_step(eager_x, t_features, dt);
+        device->synchronize();
+      }));
+      traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs()), t_features); }));
+      floor_ms.push_back(time_ms([&] { floor.step(floor_x.data(), features.data(), dt); }));
+      if (torch_step) {
+        torch_ms.push_back(time_ms([&] { torch_step->step(torch_x.data(), features.data(), dt); }));
       }
     }
-    if (torch_step) row.libtorch_ms = median(torch_ms);
-    row.eager_ms = median(eager_ms);
-    row.traced_ms = median(traced_ms);
-    row.floor_ms = median(floor_ms);
-    return row;
   }
+  if (torch_step) row.libtorch_ms = median(torch_ms);
+  row.eager_ms = median(eager_ms);
+  row.traced_ms = median(traced_ms);
+  row.floor_ms = median(floor_ms);
+  return row;
 }
 
 void write_plot(const std::string& path, const std::vector<Row>& rows) {
@@ -193,9 +177,9 @@ int run_bench(const std::string& json_path, const std::string& plot_path,
               "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
               "traced/torch");
   for (const std::string& name : size_names) {
-    const auto& sizes = all_sizes();
-    auto it =
-        std::find_if(sizes.begin(), sizes.end(), [&](const Size& s) { return s.name == name; });
+    const auto& sizes = models::benchmark_sizes();
+    auto it = std::find_if(sizes.begin(), sizes.end(),
+                           [&](const models::NamedDiTConfig& s) { return s.name == name; });
     RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)",
                   name);
     for (int threads : {1, 2}) {

@@ -7,7 +7,9 @@ namespace retrace::models {
 
 namespace {
 
-std::string block_name(std::int64_t i, const char* rest) { return fmt::format("blocks.{}.{}", i, rest); }
+std::string block_name(std::int64_t i, const char* rest) {
+  return fmt::format("blocks.{}.{}", i, rest);
+}
 
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
   return ops::add(ops::mul(x, ops::add(scale, 1.0)), shift);
@@ -15,11 +17,20 @@ Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
 
 }  // namespace
 
+const std::vector<NamedDiTConfig>& benchmark_sizes() {
+  static const std::vector<NamedDiTConfig> sizes = {
+      {"S", {.tokens = 16, .hidden = 64, .depth = 2, .heads = 2}},
+      {"M", {.tokens = 256, .hidden = 256, .depth = 4, .heads = 4}},
+      {"L", {.tokens = 1024, .hidden = 512, .depth = 4, .heads = 8}}};
+  return sizes;
+}
+
 std::vector<std::pair<std::string, Shape>> DiT::weight_shapes(const DiTConfig& c) {
   const std::int64_t h = c.hidden;
-  std::vector<std::pair<std::string, Shape>> shapes = {
-      {"t_embedder.mlp.0.weight", {h, h}}, {"t_embedder.mlp.0.bias", {h}},
-      {"t_embedder.mlp.2.weight", {h, h}}, {"t_embedder.mlp.2.bias", {h}}};
+  std::vector<std::pair<std::string, Shape>> shapes = {{"t_embedder.mlp.0.weight", {h, h}},
+                                                       {"t_embedder.mlp.0.bias", {h}},
+                                                       {"t_embedder.mlp.2.weight", {h, h}},
+                                                       {"t_embedder.mlp.2.bias", {h}}};
   for (std::int64_t i = 0; i < c.depth; ++i) {
     shapes.emplace_back(block_name(i, "adaLN_modulation.1.weight"), Shape{6 * h, h});
     shapes.emplace_back(block_name(i, "adaLN_modulation.1.bias"), Shape{6 * h});
@@ -77,7 +88,8 @@ DiT::DiT(const DiTConfig& config, Device& device, const std::map<std::string, Te
                   "DiT: weight \"{}\" has shape {}, expected {} for hidden {}", name,
                   it->second.shape(), shape, config.hidden);
     Tensor w = it->second;
-    if (w.dtype() != config.dtype) w = Tensor::from_vector<float>(w.to_vector<float>(), shape, config.dtype);
+    if (w.dtype() != config.dtype)
+      w = Tensor::from_vector<float>(w.to_vector<float>(), shape, config.dtype);
     weights_[name] = w.to_device(device);
   }
 }
@@ -93,7 +105,8 @@ std::vector<float> DiT::timestep_features(float t) const {
   std::vector<float> features(static_cast<std::size_t>(config_.hidden));
   const double scaled = 1000.0 * t;  // DiT embeds timesteps in [0, 1000]
   for (std::int64_t i = 0; i < half; ++i) {
-    const double freq = std::exp(-std::log(10000.0) * static_cast<double>(i) / static_cast<double>(half));
+    const double freq =
+        std::exp(-std::log(10000.0) * static_cast<double>(i) / static_cast<double>(half));
     features[static_cast<std::size_t>(i)] = static_cast<float>(std::cos(scaled * freq));
     features[static_cast<std::size_t>(half + i)] = static_cast<float>(std::sin(scaled * freq));
   }
@@ -104,8 +117,8 @@ Tensor DiT::block(const Tensor& x, const Tensor& c, std::int64_t i) const {
   const std::int64_t h = config_.hidden, heads = config_.heads, d = h / heads;
   const std::int64_t tokens = x.shape()[1];
   auto w = [&](const char* rest) -> const Tensor& { return weight(block_name(i, rest)); };
-  const std::vector<Tensor> mod =
-      ops::chunk(ops::linear(c, w("adaLN_modulation.1.weight"), w("adaLN_modulation.1.bias")), 6, -1);
+  const std::vector<Tensor> mod = ops::chunk(
+      ops::linear(c, w("adaLN_modulation.1.weight"), w("adaLN_modulation.1.bias")), 6, -1);
   // Attention.
   Tensor y = modulate(ops::layer_norm(x, {}, {}, 1e-6), mod[0], mod[1]);
   Tensor qkv = ops::linear(y, w("attn.qkv.weight"), w("attn.qkv.bias"));

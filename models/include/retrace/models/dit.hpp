@@ -31,6 +31,14 @@ struct DiTConfig {
   std::uint64_t seed = 0;
 };
 
+// The sizes the benchmarks use (retrace bench, retrace_bench_cuda): S (16 tokens, hidden 64,
+// depth 2, 2 heads: dispatch-bound), M (256, 256, 4, 4) and L (1024, 512, 4, 8: compute-bound).
+struct NamedDiTConfig {
+  std::string name;
+  DiTConfig config;
+};
+[[nodiscard]] const std::vector<NamedDiTConfig>& benchmark_sizes();
+
 class DiT : public TraceOwner {
  public:
   // Weights drawn from config.seed (scaled so activations stay O(1)).
@@ -51,8 +59,7 @@ class DiT : public TraceOwner {
   // The velocity for latents [1, T, C] at the timestep whose features are `t_features` [1, C].
   [[nodiscard]] Tensor forward(const Tensor& latents, const Tensor& t_features) const;
   // One Euler step of the flow-matching sampler: latents + dt * forward(latents, t_features).
-  [[nodiscard]] Tensor euler_step(const Tensor& latents, const Tensor& t_features,
-                                  float dt) const;
+  [[nodiscard]] Tensor euler_step(const Tensor& latents, const Tensor& t_features, float dt) const;
 
   [[nodiscard]] const Tensor& weight(const std::string& name) const;
 
