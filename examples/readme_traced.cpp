@@ -14,7 +14,7 @@ struct Denoiser : retrace::TraceOwner {
 
 // 2. Device parameter: found by its type. The non-tree parameter (a manager) is bound, and the
 //    trace is chosen by its identity and the device's.
-struct Communicator {
+struct Communicator : retrace::TraceOwner {
   double scale = 0.5;
 };
 Tensor all_reduce_mean(const Tensor& x, Device& device, const Communicator& comm) {

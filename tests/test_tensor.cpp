@@ -114,7 +114,7 @@ TEST(TensorTest, OutlivesItsDevice) {
     device->synchronize();
   }
   EXPECT_EQ(t.device(), nullptr);
-  EXPECT_RETRACE_ERROR((void)t.to_host(), failed_precondition, "device was closed");
+  EXPECT_RETRACE_ERROR((void)t.to_host(), failed_precondition, "cpu:0 was closed");
   EXPECT_RETRACE_ERROR((void)ops::add(t, 1.0), failed_precondition, "closed");
 }
 

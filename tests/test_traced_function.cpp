@@ -19,7 +19,7 @@ struct Pipeline : retrace::TraceOwner {
   }
 };
 
-struct CclManager {  // not a tree: bound by identity
+struct CclManager : retrace::TraceOwner {  // not a tree: bound by identity
   double scale = 1.0;
 };
 
@@ -130,7 +130,9 @@ TEST_F(TracedFunctionTest, ObjectOutlivingTheWrapperIsFine) {
 
 TEST_F(TracedFunctionTest, DeviceParameterIsFoundByTypeAndBoundArgumentsSelectTheTracer) {
   auto traced_scaled = traced_function(scaled);
-  CclManager half{0.5}, triple{3.0};
+  CclManager half, triple;
+  half.scale = 0.5;
+  triple.scale = 3.0;
   Tensor x = ops::full({4}, 2.0, device());
   EXPECT_EQ(traced_scaled(x, device(), half).to_vector<float>(), std::vector<float>(4, 1.0f));
   EXPECT_EQ(traced_scaled.traced(x, device(), half).to_vector<float>(),

@@ -25,8 +25,23 @@
 //    next synchronize, execute_trace or read on that queue; work queued behind the failure on
 //    that queue is skipped.
 //
-// Thread safety: every method may be called from several threads. Work enqueued on one queue
-// from several threads runs in the order the calls took effect.
+// Identity and lifetime:
+//  - Each device has a process-unique id (uid()) that is never reused, and trace ids are unique
+//    in the process: a trace id of one device given to another is an invalid_argument error.
+//  - close() (or destroying the device) waits for queued work, releases every trace, drops a
+//    capture in progress and detaches every handle that refers to the device: buffers, events,
+//    tensors, tracers and traced wrappers. From then on each of them raises failed_precondition
+//    naming the device ("cpu:0 was closed") instead of touching freed memory.
+//
+// Queues: kDefaultQueue stands for the queue this thread is capturing on (when it captures on
+// this device), else the queue of the innermost DefaultQueueScope on this thread, else queue 0.
+// So the ops of a traced function follow the capture's queue; an op sent explicitly to another
+// queue of the device from the capturing thread is a capture violation (it would run outside
+// the trace).
+//
+// Thread safety: every method may be called from several threads, except close(), which must
+// not race with other calls on the device. Work enqueued on one queue from several threads runs
+// in the order the calls took effect.
 #pragma once
 
 #include "retrace/kernels.hpp"
@@ -51,11 +66,30 @@ namespace retrace {
 class Device;
 
 namespace detail {
-// Lets buffers and events outlive their device safely: the device clears it when it closes.
+// Shared by a device and every handle that refers to it, so handles can outlive the device
+// safely: the device clears `device` when it closes; the name and uid stay for messages.
 struct DeviceLink {
   std::atomic<Device*> device{nullptr};
+  std::uint64_t uid = 0;
+  std::string name;
+
+  // Throws failed_precondition "<what>: <name> was closed ..." once the device is closed.
+  Device& require_open(std::string_view what) const;
 };
 }  // namespace detail
+
+// Makes `queue` the queue kDefaultQueue stands for on this thread while the scope lives (a
+// Tracer opens one around its prep run and capture). Scopes nest.
+class DefaultQueueScope {
+ public:
+  explicit DefaultQueueScope(QueueId queue) noexcept;
+  ~DefaultQueueScope();
+  DefaultQueueScope(const DefaultQueueScope&) = delete;
+  DefaultQueueScope& operator=(const DefaultQueueScope&) = delete;
+
+ private:
+  QueueId previous_;
+};
 
 // What a backend knows about one allocation.
 struct BlockInfo {
@@ -76,6 +110,7 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
 
   // nullptr once the device has been closed.
   [[nodiscard]] Device* device() const noexcept { return link_->device.load(); }
+  [[nodiscard]] const detail::DeviceLink& link() const noexcept { return *link_; }
   [[nodiscard]] std::uint64_t address() const noexcept { return block_.address; }
   [[nodiscard]] std::size_t size() const noexcept { return block_.size; }
   [[nodiscard]] void* data() const noexcept { return block_.data; }
@@ -108,6 +143,7 @@ class Event {
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
   [[nodiscard]] QueueId queue() const noexcept { return queue_; }
   [[nodiscard]] Device* device() const noexcept { return link_ ? link_->device.load() : nullptr; }
+  // Both throw failed_precondition once the event's device is closed.
   [[nodiscard]] bool is_complete() const;
   // Host waits until the queue has passed the event. A capture violation during a capture.
   void synchronize() const;
@@ -166,6 +202,8 @@ class Device {
   virtual ~Device();
 
   [[nodiscard]] DeviceId id() const noexcept { return id_; }
+  // Unique in the process and never reused, unlike the address of the Device object.
+  [[nodiscard]] std::uint64_t uid() const noexcept { return link_->uid; }
   [[nodiscard]] std::string_view backend() const noexcept { return backend_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }  // "cpu:0"
   [[nodiscard]] std::uint32_t num_queues() const noexcept { return num_queues_; }
@@ -206,15 +244,17 @@ class Device {
 
   [[nodiscard]] DeviceStats stats() const;
 
-  // Shared with buffers and events so they can tell whether the device is still open.
+  // Waits for queued work (failures it had are dropped), drops a capture in progress, releases
+  // every trace and detaches every handle (see "Identity and lifetime" above). Idempotent; the
+  // destructor calls it.
+  void close() noexcept;
+  [[nodiscard]] bool is_closed() const noexcept { return link_->device.load() == nullptr; }
+
+  // Shared with every handle that refers to the device, so it can tell whether it is still open.
   [[nodiscard]] const std::shared_ptr<detail::DeviceLink>& link() const noexcept { return link_; }
 
  protected:
   Device(std::string_view backend, DeviceId id, std::uint32_t num_queues);
-
-  // Backends call this first thing in their destructor: releases every trace and detaches
-  // buffers and events that outlive the device.
-  void close() noexcept;
 
   // Hooks. Arguments are validated before they are called; the capture in progress (if any)
   // is passed where it matters.
@@ -234,11 +274,21 @@ class Device {
   virtual void do_execute_trace(TraceBase& trace, QueueId queue, Blocking blocking) = 0;
   virtual void do_release_trace(TraceBase& trace) noexcept = 0;
   virtual void do_fill_stats(DeviceStats& stats) const = 0;
+  // Waits for all queued work and drops finished work's references, so buffers whose handles
+  // are gone return to the allocator; called before an allocation reports out_of_memory. Skips
+  // a queue that is capturing. Failures stay sticky for the next report.
+  virtual void do_reclaim() noexcept = 0;
+  // First step of close(): waits for queued work and drops a capture in progress (with its
+  // pool). The base releases the traces afterwards.
+  virtual void do_shutdown() noexcept = 0;
 
   [[nodiscard]] std::string queue_label(QueueId queue) const;  // "queue 1 of cpu:0"
 
  private:
   friend class Buffer;
+  // The queue kDefaultQueue stands for, checked to exist; throws if the device is closed.
+  QueueId resolve_queue(QueueId queue, std::string_view what) const;
+  void require_open(std::string_view what) const;
   void check_queue(QueueId queue, std::string_view what) const;
   void check_own_buffer(const Buffer& buffer, std::string_view what) const;
   std::shared_ptr<TraceBase> find_trace(TraceId trace, std::string_view what) const;
@@ -254,7 +304,6 @@ class Device {
   std::optional<QueueId> capture_queue_;
   TraceId capture_trace_{};
   std::thread::id capture_thread_;
-  std::uint64_t next_trace_id_ = 1;
   std::unordered_map<std::uint64_t, std::shared_ptr<TraceBase>> traces_;
 };
 

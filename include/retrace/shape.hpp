@@ -1,5 +1,9 @@
 // Shape: the extents of a tensor, rank 0 to 8, printable as "[1, 32, 64]".
 //
+// Extents are non-negative and the product of the non-zero extents fits in a signed 64-bit
+// integer (so no element count, stride or row count derived from a Shape overflows); anything
+// else is an invalid_argument error when the Shape is made.
+//
 //   retrace::Shape s{1, 32, 64};
 //   s.rank() == 3; s.numel() == 2048; s[-1] == 64; fmt::format("{}", s) == "[1, 32, 64]";
 #pragma once

@@ -1,6 +1,8 @@
 // InputSignature: what a trace depends on in its inputs, leaf by leaf — tensor shapes, dtypes,
-// layouts and devices, scalar and string values, and where each leaf sits in the tree (so a
-// changed map key or vector length changes the signature). Traced functions with automatic
+// layouts and devices, scalar and string values, the size (and keys) of every container, and
+// where each sits in the tree (so a changed map key or vector length changes the signature,
+// even for containers without leaves). Equal inputs give equal signatures whatever the
+// iteration order of an unordered_map; a NaN scalar matches NaN. Traced functions with automatic
 // keys select a trace by it, and explain a new capture by the first leaf that differs from the
 // nearest existing trace.
 #pragma once
@@ -17,21 +19,25 @@
 namespace retrace {
 
 struct LeafSignature {
-  enum class Kind : std::uint8_t { tensor, integer, floating, boolean, string, none_value };
+  // container: a vector, array, map or optional (its size, and for maps its keys, count too,
+  // so an empty container that changes size or keys changes the signature).
+  enum class Kind : std::uint8_t { tensor, integer, floating, boolean, string, none_value, container };
   Kind kind = Kind::none_value;
   std::size_t path_hash = 0;
   // tensor
   DType dtype = DType::float32;
   Layout layout = Layout::row_major;
   Shape shape;
-  const Device* device = nullptr;  // nullptr: host
-  // scalars
+  std::uint64_t device_uid = 0;                     // Device::uid(); 0: host
+  const detail::DeviceLink* device_link = nullptr;  // for its name in descriptions only
+  // scalars (integer also holds a container's size)
   std::int64_t integer = 0;
   double floating = 0.0;
-  std::string text;
+  std::string text;  // strings; a map's keys
 
-  friend bool operator==(const LeafSignature&, const LeafSignature&) = default;
-  // "[1, 64] float32 row_major on cpu:0", "0.5", "\"euler\"".
+  // Floating values compare as the Tracer compares scalars: NaN equals NaN, 0.0 equals -0.0.
+  friend bool operator==(const LeafSignature& a, const LeafSignature& b) noexcept;
+  // "[1, 64] float32 row_major on cpu:0", "0.5", "\"euler\"", "a container of 3 elements".
   [[nodiscard]] std::string describe() const;
 };
 
@@ -49,6 +55,7 @@ struct InputSignature {
 namespace detail {
 std::size_t hash_path(const TreePath& path) noexcept;
 LeafSignature tensor_signature(const Tensor& tensor, const Device* host_device);
+LeafSignature container_signature(const ContainerInfo& info);
 void finish_signature(InputSignature& signature) noexcept;
 }  // namespace detail
 
@@ -78,6 +85,38 @@ LeafSignature leaf_signature(const T& leaf, const Device* host_device) {
   return s;
 }
 
+namespace detail {
+struct SignatureVisitor {
+  InputSignature& signature;
+  const Device* host_device;
+  template <class T>
+  void operator()(const TreePath& path, const T& leaf) const {
+    push(path, leaf_signature(leaf, host_device));
+  }
+  void operator()(ContainerTag, const TreePath& path, const ContainerInfo& info) const {
+    push(path, container_signature(info));
+  }
+  void push(const TreePath& path, LeafSignature s) const {
+    s.path_hash = hash_path(path);
+    signature.leaves.push_back(std::move(s));
+  }
+};
+
+struct PathFinder {
+  std::size_t& leaf;
+  std::size_t wanted;
+  std::string& found;
+  template <class T>
+  void operator()(const TreePath& path, const T&) const {
+    note(path);
+  }
+  void operator()(ContainerTag, const TreePath& path, const ContainerInfo&) const { note(path); }
+  void note(const TreePath& path) const {
+    if (leaf++ == wanted) found = path.to_string();
+  }
+};
+}  // namespace detail
+
 // The signature of a call's arguments (root label "args"); `positions` gives each argument's
 // index in the caller's parameter list (empty: 0, 1, 2, ...).
 template <class... Args>
@@ -88,20 +127,14 @@ InputSignature make_signature(const Device* host_device, std::span<const std::si
   std::size_t index = 0;
   auto position = [&](std::size_t i) { return i < positions.size() ? positions[i] : i; };
   auto visit_arg = [&](const auto& arg) {
-    visit_leaves(
-        [&](const TreePath& path, const auto& leaf) {
-          LeafSignature s = leaf_signature(leaf, host_device);
-          s.path_hash = detail::hash_path(path);
-          signature.leaves.push_back(std::move(s));
-        },
-        root.at(position(index++)), arg);
+    visit_leaves(detail::SignatureVisitor{signature, host_device}, root.at(position(index++)), arg);
   };
   (visit_arg(args), ...);
   detail::finish_signature(signature);
   return signature;
 }
 
-// The path of leaf `wanted` of the arguments ("args[1]["latents"]"), for explanations.
+// The path of leaf (or container) `wanted` of the arguments ("args[1]["latents"]"), for explanations.
 template <class... Args>
 std::string leaf_path(std::size_t wanted, std::span<const std::size_t> positions,
                       const Args&... args) {
@@ -110,11 +143,7 @@ std::string leaf_path(std::size_t wanted, std::span<const std::size_t> positions
   const TreePath root = TreePath::root("args", "input");
   auto position = [&](std::size_t i) { return i < positions.size() ? positions[i] : i; };
   auto visit_arg = [&](const auto& arg) {
-    visit_leaves(
-        [&](const TreePath& path, const auto&) {
-          if (leaf++ == wanted) found = path.to_string();
-        },
-        root.at(position(index++)), arg);
+    visit_leaves(detail::PathFinder{leaf, wanted, found}, root.at(position(index++)), arg);
   };
   (visit_arg(args), ...);
   return found;

@@ -51,6 +51,12 @@ class Tensor {
                                     Layout layout = Layout::row_major);
   [[nodiscard]] static Tensor empty_host(const Shape& shape, DType dtype,
                                          Layout layout = Layout::row_major);
+  // A host tensor over storage someone else owns (a mapped file, a framework's buffer): no
+  // copy is made; `storage` keeps that memory alive and holds storage_bytes(shape, dtype,
+  // layout) bytes in the tensor's layout.
+  [[nodiscard]] static Tensor from_host_storage(std::shared_ptr<std::byte> storage,
+                                                const Shape& shape, DType dtype,
+                                                Layout layout = Layout::row_major);
 
   [[nodiscard]] bool is_null() const noexcept { return !buffer_ && !host_; }
   explicit operator bool() const noexcept { return !is_null(); }
@@ -58,7 +64,7 @@ class Tensor {
   [[nodiscard]] DType dtype() const noexcept { return dtype_; }
   [[nodiscard]] Layout layout() const noexcept { return layout_; }
   [[nodiscard]] std::int64_t numel() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t nbytes() const noexcept;  // storage bytes, padding included
+  [[nodiscard]] std::size_t nbytes() const noexcept { return bytes_; }  // padding included
   [[nodiscard]] bool on_device() const noexcept { return buffer_ != nullptr; }
   [[nodiscard]] bool on_host() const noexcept { return host_ != nullptr; }
   // The device holding the storage; nullptr for host tensors (and once the device is closed).
@@ -90,13 +96,17 @@ class Tensor {
 
   // Throws invalid_argument if null: "<what>: <argument> is a null tensor".
   void check_not_null(std::string_view what, std::string_view argument) const;
+  // The device of a device tensor; throws invalid_argument for a null or host tensor and
+  // failed_precondition naming the device once it is closed.
+  [[nodiscard]] Device& require_device(std::string_view what, std::string_view argument) const;
 
  private:
-  Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::vector<std::byte>> host,
-         const Shape& shape, DType dtype, Layout layout);
+  Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::byte> host, const Shape& shape,
+         DType dtype, Layout layout, std::size_t bytes);
 
   std::shared_ptr<Buffer> buffer_;
-  std::shared_ptr<std::vector<std::byte>> host_;
+  std::shared_ptr<std::byte> host_;  // never null for a host tensor, even with 0 bytes
+  std::size_t bytes_ = 0;
   Shape shape_;
   DType dtype_ = DType::float32;
   Layout layout_ = Layout::row_major;

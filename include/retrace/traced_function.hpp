@@ -47,6 +47,7 @@
 #include "retrace/tracer.hpp"
 
 #include <deque>
+#include <span>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -84,31 +85,46 @@ struct TracedStats {
   std::uint64_t evictions = 0;
 };
 
-// Base class of objects whose traced methods keep per-object traces: they are released when
-// the object is destroyed. Copies start without traces.
+// Base class of objects whose traces are their own: the object of a traced method, and an
+// object bound by identity to a traced function (a manager, a communicator). Its traces are
+// released when it is destroyed, and it has a process-unique identity (trace_owner_id()), never
+// reused, so a new object built where a destroyed one lived never gets its traces. A copy is a
+// new object without traces; assigning to an object releases its traces and gives it a new
+// identity (the traces may have baked in the state it had).
 class TraceOwner {
  public:
-  TraceOwner() = default;
-  TraceOwner(const TraceOwner&) noexcept {}
-  TraceOwner& operator=(const TraceOwner&) noexcept { return *this; }
+  TraceOwner() noexcept;
+  TraceOwner(const TraceOwner&) noexcept;
+  TraceOwner& operator=(const TraceOwner&) noexcept;
   ~TraceOwner();
 
+  [[nodiscard]] std::uint64_t trace_owner_id() const noexcept { return id_; }
+
   // Called by wrappers when they capture a trace for this object.
-  void on_destroy(std::weak_ptr<void> cache, std::function<void(const TraceOwner*)> release);
+  void on_destroy(std::weak_ptr<void> cache, std::function<void(std::uint64_t)> release);
 
  private:
+  void release_traces() noexcept;
+
+  std::uint64_t id_;
   std::mutex mutex_;
-  std::vector<std::pair<std::weak_ptr<void>, std::function<void(const TraceOwner*)>>> releases_;
+  std::vector<std::pair<std::weak_ptr<void>, std::function<void(std::uint64_t)>>> releases_;
 };
 
 namespace detail {
 
+// Which trace a call selects. Identities, never addresses alone: the object's and bound
+// owners' trace_owner_id(), the device's uid(); addresses only of objects that cannot be
+// destroyed while the trace lives (held through a std::shared_ptr by the trace, or functions).
 struct CacheKey {
-  const TraceOwner* owner = nullptr;
-  std::vector<std::uintptr_t> bound;  // the device and bound arguments, by identity
+  std::uint64_t owner = 0;   // the method's object (trace_owner_id), 0 for functions
+  std::uint64_t device = 0;  // Device::uid()
+  std::vector<std::uint64_t> bound_owners;
+  std::vector<std::uintptr_t> bound_addresses;
   std::string key;
   std::optional<InputSignature> signature;
   bool operator==(const CacheKey&) const = default;
+  [[nodiscard]] bool involves(std::uint64_t owner_id) const noexcept;
 };
 struct CacheKeyHash {
   std::size_t operator()(const CacheKey& key) const noexcept;
@@ -141,8 +157,9 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
 
   explicit TraceCache(TracedOptions options) : book_(std::move(options)) {}
 
+  // `owners`: the TraceOwners the key involves (their traces die with them).
   template <class MakeTracer, class PathOf, class... Ts>
-  const Outputs& call(CacheKey key, const TraceCall& call, TraceOwner* owner,
+  const Outputs& call(CacheKey key, const TraceCall& call, std::span<TraceOwner* const> owners,
                       MakeTracer&& make_tracer, PathOf&& path_of, const Ts&... tree_args) {
     std::lock_guard lock(mutex_);
     if (auto it = entries_.find(key); it != entries_.end()) {
@@ -152,6 +169,8 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
       book_.note_call(false);
       return outputs;
     }
+    // Traces of closed devices can never be selected again (keys hold device uids).
+    std::erase_if(entries_, [](const auto& item) { return !item.second.tracer->devices_open(); });
     std::vector<const CacheKey*> live;
     for (const auto& [k, entry] : entries_) live.push_back(&k);
     const std::string why = book_.explain(key, live, path_of);
@@ -160,7 +179,9 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     (void)tracer->call(book_.call_options(call), tree_args...);
     const std::size_t bytes = tracer->trace_bytes();
     auto [it, inserted] = entries_.emplace(std::move(key), Entry{std::move(tracer), ++clock_, bytes});
-    if (owner != nullptr && owners_.insert(owner).second) register_owner(*owner);
+    for (TraceOwner* owner : owners) {
+      if (owner != nullptr && owners_.insert(owner->trace_owner_id()).second) register_owner(*owner);
+    }
     ++book_.stats.captures;
     book_.note_call(true);
     enforce_bounds(it->first);
@@ -175,12 +196,13 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
   void release_key(const std::string& key) {
     erase_if([&](const CacheKey& k) { return k.key == key; });
   }
-  void release_owner(const TraceOwner* owner) {
-    erase_if([&](const CacheKey& k) { return k.owner == owner; });
+  // Every trace that involves the owner (as the method's object or a bound argument).
+  void release_owner(std::uint64_t owner) {
+    erase_if([&](const CacheKey& k) { return k.involves(owner); });
     std::lock_guard lock(mutex_);
     owners_.erase(owner);
   }
-  void release_owner_key(const TraceOwner* owner, const std::string& key) {
+  void release_owner_key(std::uint64_t owner, const std::string& key) {
     erase_if([&](const CacheKey& k) { return k.owner == owner && k.key == key; });
   }
   [[nodiscard]] TracedStats stats() const {
@@ -196,7 +218,7 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     auto it = entries_.find(key);
     return it == entries_.end() ? nullptr : it->second.tracer.get();
   }
-  [[nodiscard]] std::size_t live_traces(const TraceOwner* owner) const {
+  [[nodiscard]] std::size_t live_traces(std::uint64_t owner) const {
     std::lock_guard lock(mutex_);
     std::size_t n = 0;
     for (const auto& [k, entry] : entries_) n += k.owner == owner ? 1 : 0;
@@ -219,7 +241,7 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
 
   void register_owner(TraceOwner& owner) {
     std::weak_ptr<TraceCache> weak = this->weak_from_this();
-    owner.on_destroy(weak, [weak](const TraceOwner* dying) {
+    owner.on_destroy(weak, [weak](std::uint64_t dying) {
       if (auto cache = weak.lock()) cache->release_owner(dying);
     });
   }
@@ -252,7 +274,7 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
   mutable std::recursive_mutex mutex_;
   CacheBook book_;
   std::unordered_map<CacheKey, Entry, CacheKeyHash> entries_;
-  std::unordered_set<const TraceOwner*> owners_;
+  std::unordered_set<std::uint64_t> owners_;  // owners whose destruction we hear of
   std::uint64_t clock_ = 0;
 };
 
@@ -297,14 +319,45 @@ struct ParamList {
   }
 };
 
+// How a bound (non-tree) parameter is held and identified:
+//  owner:    T& or T* with T derived from TraceOwner: its trace_owner_id(); traces die with it.
+//  shared:   std::shared_ptr<T>: its address; the trace holds a copy, so it cannot die first.
+//  function: a function pointer: its address (functions are never destroyed).
+enum class BoundKind : std::uint8_t { owner, shared, function, invalid };
+
+template <class T>
+struct IsSharedPtr : std::false_type {};
+template <class T>
+struct IsSharedPtr<std::shared_ptr<T>> : std::true_type {};
+
 template <class P>
-using BoundStorage = std::conditional_t<std::is_pointer_v<std::remove_cvref_t<P>>,
-                                        std::remove_cvref_t<P>, std::remove_reference_t<P>*>;
+constexpr BoundKind bound_kind() {
+  using U = std::remove_cvref_t<P>;
+  if constexpr (IsSharedPtr<U>::value) {
+    return BoundKind::shared;
+  } else if constexpr (std::is_pointer_v<U> && std::is_function_v<std::remove_pointer_t<U>>) {
+    return BoundKind::function;
+  } else if constexpr (std::is_pointer_v<U>) {
+    return std::is_base_of_v<TraceOwner, std::remove_cv_t<std::remove_pointer_t<U>>>
+               ? BoundKind::owner
+               : BoundKind::invalid;
+  } else if constexpr (std::is_lvalue_reference_v<P>) {
+    return std::is_base_of_v<TraceOwner, U> ? BoundKind::owner : BoundKind::invalid;
+  } else {
+    return BoundKind::invalid;
+  }
+}
 
 template <class P>
 constexpr bool valid_bound_param() {
-  return std::is_lvalue_reference_v<P> || std::is_pointer_v<std::remove_cvref_t<P>>;
+  return bound_kind<P>() != BoundKind::invalid;
 }
+
+// owner references are held as pointers; the rest by value.
+template <class P>
+using BoundStorage =
+    std::conditional_t<bound_kind<P>() == BoundKind::owner && std::is_lvalue_reference_v<P>,
+                       std::remove_reference_t<P>*, std::remove_cvref_t<P>>;
 
 template <class Sig>
 struct FunctionTraits;
@@ -363,7 +416,8 @@ class TracedMethod {
   const Outputs& traced_with(const TraceCall& call, Obj& object,
                              const std::remove_cvref_t<A>&... args) {
     Device& device = device_of_(object);
-    detail::CacheKey key{&object, {reinterpret_cast<std::uintptr_t>(&device)}, call.key, {}};
+    device.link()->require_open(cache_->options().name);
+    detail::CacheKey key = key_of(object, device, call.key);
     if (cache_->options().auto_key) key.signature = make_signature(&device, {}, args...);
     auto make = [&] {
       const TracedOptions& o = cache_->options();
@@ -372,7 +426,8 @@ class TracedMethod {
           TracerOptions{o.prep_run, o.clone_prep_inputs, o.name, {}});
     };
     auto path_of = [&](std::size_t leaf) { return leaf_path(leaf, {}, args...); };
-    return cache_->call(std::move(key), call, &object, make, path_of, args...);
+    TraceOwner* const owners[] = {&object};
+    return cache_->call(std::move(key), call, owners, make, path_of, args...);
   }
 
   // The input slots of the object's trace for `key` (pass them back: no copy). Not available
@@ -387,21 +442,29 @@ class TracedMethod {
   }
   // The tracer behind the object's trace for `key` (null if none), e.g. to inspect its trace.
   [[nodiscard]] const TracerT* tracer(Obj& object, const std::string& key = "") const {
-    Device& device = device_of_(object);
-    return cache_->find(
-        detail::CacheKey{&object, {reinterpret_cast<std::uintptr_t>(&device)}, key, {}});
+    return cache_->find(key_of(object, device_of_(object), key));
   }
 
-  void release(Obj& object) { cache_->release_owner(&object); }
-  void release(Obj& object, const std::string& key) { cache_->release_owner_key(&object, key); }
+  void release(Obj& object) { cache_->release_owner(object.trace_owner_id()); }
+  void release(Obj& object, const std::string& key) {
+    cache_->release_owner_key(object.trace_owner_id(), key);
+  }
   void release_key(const std::string& key) { cache_->release_key(key); }
   void release_all() { cache_->release_all(); }
   [[nodiscard]] std::size_t live_traces(const Obj& object) const {
-    return cache_->live_traces(&object);
+    return cache_->live_traces(object.trace_owner_id());
   }
   [[nodiscard]] TracedStats stats() const { return cache_->stats(); }
 
  private:
+  static detail::CacheKey key_of(const Obj& object, const Device& device, const std::string& key) {
+    detail::CacheKey k;
+    k.owner = object.trace_owner_id();
+    k.device = device.uid();
+    k.key = key;
+    return k;
+  }
+
   Method method_;
   std::function<Device&(Obj&)> device_of_;
   std::shared_ptr<detail::TraceCache<TracerT>> cache_;
@@ -436,8 +499,10 @@ class TracedFunction {
   static_assert((... && (detail::param_kind<P>() != detail::ParamKind::bound ||
                          detail::valid_bound_param<P>())),
                 "retrace::traced_function: a parameter that is not a tree (a manager, a callback, "
-                "a config without RETRACE_FIELDS) is bound by identity and must be an lvalue "
-                "reference or a pointer");
+                "a config without RETRACE_FIELDS) is bound by identity, and identity must "
+                "outlive the trace: take it as a reference or pointer to a class derived from "
+                "retrace::TraceOwner (its traces die with it), as a std::shared_ptr (the trace "
+                "keeps it alive), or as a function pointer");
   static_assert((... && (detail::param_kind<P>() != detail::ParamKind::device ||
                          std::is_lvalue_reference_v<P>)),
                 "retrace::traced_function: take the device as Device&");
@@ -474,11 +539,12 @@ class TracedFunction {
           return (*device);
         } else if constexpr (kind == detail::ParamKind::tree) {
           return std::get<Params::template rank<J>()>(trees);
-        } else if constexpr (std::is_pointer_v<
-                                 std::remove_cvref_t<std::tuple_element_t<J, std::tuple<P...>>>>) {
-          return std::get<Params::template rank<J>()>(bound);
-        } else {
+        } else if constexpr (std::is_reference_v<std::tuple_element_t<J, std::tuple<P...>>> &&
+                             detail::bound_kind<std::tuple_element_t<J, std::tuple<P...>>>() ==
+                                 detail::BoundKind::owner) {
           return (*std::get<Params::template rank<J>()>(bound));
+        } else {
+          return (std::get<Params::template rank<J>()>(bound));
         }
       }
     };
@@ -538,11 +604,13 @@ class TracedFunction {
 
   template <class All>
   const Outputs& dispatch(const TraceCall& call, Device& device, All& all) {
+    device.link()->require_open(cache_->options().name);
     BoundTuple bound = bound_of(all, kinds_sequence<detail::ParamKind::bound>());
-    detail::CacheKey key{nullptr, {reinterpret_cast<std::uintptr_t>(&device)}, call.key, {}};
-    std::apply([&](auto... pointers) {
-      (key.bound.push_back(reinterpret_cast<std::uintptr_t>(pointers)), ...);
-    }, bound);
+    detail::CacheKey key;
+    key.device = device.uid();
+    key.key = call.key;
+    std::vector<TraceOwner*> owners;
+    std::apply([&](const auto&... held) { (identify(held, key, owners), ...); }, bound);
     return [&]<std::size_t... T>(std::index_sequence<T...>) -> const Outputs& {
       static constexpr std::array<std::size_t, sizeof...(T)> positions{T...};
       if (cache_->options().auto_key) {
@@ -558,20 +626,35 @@ class TracedFunction {
       auto path_of = [&](std::size_t leaf) {
         return leaf_path(leaf, positions, std::get<T>(all)...);
       };
-      return cache_->call(std::move(key), call, nullptr, make, path_of, std::get<T>(all)...);
+      return cache_->call(std::move(key), call, owners, make, path_of, std::get<T>(all)...);
     }(kinds_sequence<detail::ParamKind::tree>());
   }
 
   template <class All, std::size_t... B>
   static BoundTuple bound_of(All& all, std::index_sequence<B...>) {
-    return BoundTuple{pointer_to(std::get<B>(all))...};
+    return BoundTuple{hold<std::tuple_element_t<B, std::tuple<P...>>>(std::get<B>(all))...};
   }
-  template <class T>
-  static auto pointer_to(T& value) {
-    if constexpr (std::is_pointer_v<std::remove_cvref_t<T>>) {
-      return value;
-    } else {
+  // What the tracer keeps of a bound argument: a pointer to an owner, or the value itself.
+  template <class Param, class T>
+  static detail::BoundStorage<Param> hold(T& value) {
+    if constexpr (std::is_lvalue_reference_v<Param> &&
+                  detail::bound_kind<Param>() == detail::BoundKind::owner) {
       return &value;
+    } else {
+      return value;
+    }
+  }
+  // Adds a bound argument's identity to the key (see CacheKey).
+  template <class Held>
+  static void identify(const Held& held, detail::CacheKey& key, std::vector<TraceOwner*>& owners) {
+    if constexpr (detail::IsSharedPtr<Held>::value) {
+      key.bound_addresses.push_back(reinterpret_cast<std::uintptr_t>(held.get()));
+    } else if constexpr (std::is_function_v<std::remove_pointer_t<Held>>) {
+      key.bound_addresses.push_back(reinterpret_cast<std::uintptr_t>(held));
+    } else {
+      auto* owner = const_cast<TraceOwner*>(static_cast<const TraceOwner*>(held));
+      key.bound_owners.push_back(owner != nullptr ? owner->trace_owner_id() : 0);
+      owners.push_back(owner);
     }
   }
 

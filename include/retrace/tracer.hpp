@@ -25,6 +25,15 @@
 //  - Untraced calls run the function directly; they are an error once a trace is captured (and
 //    after release_function()).
 //
+//  - A tensor passed for two inputs of the capturing call is copied into a slot of its own for
+//    the second, so later calls can pass two different tensors there. Passing one input's slot
+//    for another input (a swap) is safe too: it is copied aside before any slot changes.
+//  - The ops of the traced function go to the call's queue (CallOptions::queue) by default,
+//    in the prep run and in the capture; an op sent explicitly to another queue of a capturing
+//    device is a capture violation.
+//  - Once one of its devices is closed, every call (and inputs(), outputs()) is a
+//    failed_precondition error naming that device.
+//
 // Thread safety: a Tracer is not safe to call from several threads at once.
 #pragma once
 
@@ -102,9 +111,20 @@ class TracerCore {
   // Trace memory and commands of the captured traces, summed over devices.
   [[nodiscard]] std::size_t trace_bytes() const;
 
-  // Capture-time checks and moves of one tensor leaf.
+  // Throws failed_precondition naming the first of the tracer's devices that was closed.
+  void require_devices_open(std::string_view what) const;
+  [[nodiscard]] bool devices_open() const noexcept;
+
+  // Capture-time checks and moves of one tensor leaf. A tensor passed for two inputs gets a
+  // slot of its own for the second (a copy), so later calls may pass two different tensors.
   void check_capture_input(const TreePath& path, const Tensor& tensor) const;
-  [[nodiscard]] Tensor place_capture_input(const Tensor& tensor, QueueId queue) const;
+  [[nodiscard]] Tensor place_capture_input(const Tensor& tensor, QueueId queue);
+  void start_placing() noexcept { placed_.clear(); }
+  // Remembers the input slots' buffers, for the refresh hazard check below.
+  void set_slots(std::vector<const Buffer*> buffers);
+  // True when `incoming` is another leaf's slot: refreshing in order could overwrite it before
+  // it is read (two inputs swapped), so it is copied aside first.
+  [[nodiscard]] bool needs_snapshot(const Tensor& slot, const Tensor& incoming) const;
   void check_output(const TreePath& path, const Tensor& tensor) const;
   // Replay-time check and refresh of one tensor leaf.
   void check_replay_input(const TreePath& path, const Tensor& slot, const Tensor& incoming) const;
@@ -137,6 +157,8 @@ class TracerCore {
   TracerOptions options_;
   TracerState state_ = TracerState::idle;
   std::vector<TraceId> traces_;
+  std::vector<const Buffer*> placed_;      // buffers of the inputs placed for this capture
+  std::vector<const Buffer*> slot_buffers_;  // sorted
   std::size_t begun_ = 0;
   TracerCounters counters_;
   bool warned_blocking_ = false;
@@ -164,6 +186,7 @@ class Tracer {
   const Outputs& operator()(const Args&... args) { return call(CallOptions{}, args...); }
 
   const Outputs& call(const CallOptions& options, const Args&... args) {
+    core_.require_devices_open("call");
     core_.start_call();
     if (core_.state() == TracerState::captured) return replay(options, args...);
     return capture(options, args...);
@@ -171,16 +194,19 @@ class Tracer {
 
   // Runs the function directly (no trace). Only before a capture.
   Result untraced(const Args&... args) {
+    core_.require_devices_open("untraced");
     core_.require_untraced_allowed(function_.has_value());
     return std::invoke(*function_, args...);
   }
 
   // The input slots: the tensors the trace reads. Passing them back costs no copy.
   [[nodiscard]] const Inputs& inputs() const {
+    core_.require_devices_open("inputs()");
     core_.require_captured("inputs()");
     return *slots_;
   }
   [[nodiscard]] const Outputs& outputs() const {
+    core_.require_devices_open("outputs()");
     core_.require_captured("outputs()");
     return *outputs_;
   }
@@ -192,7 +218,10 @@ class Tracer {
   [[nodiscard]] bool has_function() const noexcept { return function_.has_value(); }
   [[nodiscard]] const TracerCounters& counters() const noexcept { return core_.counters(); }
   [[nodiscard]] const std::vector<TraceId>& trace_ids() const noexcept { return core_.trace_ids(); }
+  // The devices (dangling once a device is destroyed: check devices_open() first).
   [[nodiscard]] const std::vector<Device*>& devices() const noexcept { return core_.devices(); }
+  // False once one of the devices was closed (every call then throws).
+  [[nodiscard]] bool devices_open() const noexcept { return core_.devices_open(); }
   [[nodiscard]] std::size_t trace_bytes() const { return core_.trace_bytes(); }
 
   // Frees the traces (idempotent); the next traced call captures again.
@@ -234,6 +263,8 @@ class Tracer {
 
   const Outputs& capture(const CallOptions& options, const Args&... args) {
     core_.require_function(function_.has_value(), "capture a trace");
+    // The ops of the prep run and of the capture go to the call's queue by default.
+    DefaultQueueScope queue_scope(options.queue);
     Inputs inputs(args...);
     // Check every leaf before anything moves to a device.
     for_each_argument(
@@ -243,6 +274,7 @@ class Tracer {
           }
         },
         inputs);
+    core_.start_placing();
     for_each_argument(
         [&](const TreePath&, auto& leaf) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
@@ -275,6 +307,15 @@ class Tracer {
     }
     slots_.emplace(std::move(inputs));
     outputs_ = std::move(outputs);
+    std::vector<const Buffer*> slot_buffers;
+    for_each_argument(
+        [&](const TreePath&, auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
+            slot_buffers.push_back(leaf.buffer().get());
+          }
+        },
+        *slots_);
+    core_.set_slots(std::move(slot_buffers));
     core_.mark_captured();
     if (options.execute_on_capture) {
       try {
@@ -300,10 +341,29 @@ class Tracer {
           }
         },
         *slots_, args...);
+    // An incoming tensor that is another input's slot is copied aside before any slot changes.
+    std::vector<std::pair<std::size_t, Tensor>> snapshots;
+    std::size_t leaf = 0;
     for_each_input(
         [&](const TreePath&, auto& slot, const auto& incoming) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(slot)>, Tensor>) {
-            core_.refresh(slot, incoming, options.queue);
+            if (core_.needs_snapshot(slot, incoming)) {
+              snapshots.emplace_back(leaf, incoming.clone(options.queue));
+            }
+            ++leaf;
+          }
+        },
+        *slots_, args...);
+    leaf = 0;
+    std::size_t next_snapshot = 0;
+    for_each_input(
+        [&](const TreePath&, auto& slot, const auto& incoming) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(slot)>, Tensor>) {
+            const bool saved = next_snapshot < snapshots.size() &&
+                               snapshots[next_snapshot].first == leaf;
+            core_.refresh(slot, saved ? snapshots[next_snapshot++].second : incoming,
+                          options.queue);
+            ++leaf;
           }
         },
         *slots_, args...);

@@ -10,7 +10,9 @@
 //
 // visit_leaves(f, path, a, b...) walks several trees of the same type in lockstep, checking that
 // their structure matches (vector lengths, map keys, optionals engaged) and calling
-// f(path, leaf_a, leaf_b...) on every leaf. Paths ("args[1]["latents"].context[2]") live on the
+// f(path, leaf_a, leaf_b...) on every leaf. A visitor of one tree that is also invocable as
+// f(container_tag, path, ContainerInfo) hears of every vector, array, map and optional as well
+// (empty ones included). Unordered maps are walked in key order. Paths ("args[1]["latents"].context[2]") live on the
 // stack as a chain of nodes and become strings only when an error is reported. Any other type
 // is a compile error that names it.
 #pragma once
@@ -18,6 +20,7 @@
 #include "retrace/error.hpp"
 #include "retrace/tensor.hpp"
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -79,6 +82,18 @@ struct TreePath {
   [[nodiscard]] std::string describe() const;
 };
 
+// What visit_leaves tells a visitor that asks for containers too (see visit_leaves): a vector,
+// array, map or optional, with its size and, for maps, its keys in sorted order.
+struct ContainerInfo {
+  enum class Kind : std::uint8_t { sequence, map, optional };
+  Kind kind = Kind::sequence;
+  std::size_t size = 0;  // elements, keys, or 0/1 for an optional
+  const std::vector<std::string_view>* keys = nullptr;  // maps only
+};
+// Tag of the container callback: f(container_tag, path, info).
+struct ContainerTag {};
+inline constexpr ContainerTag container_tag{};
+
 // Throws invalid_argument: "<role> <path>: <what>".
 [[noreturn]] void throw_tree_error(const TreePath& path, std::string_view what);
 
@@ -108,6 +123,11 @@ template <class V, class H, class E, class A>
 struct IsStringMap<std::unordered_map<std::string, V, H, E, A>> : std::true_type {};
 
 template <class T>
+struct IsOrderedMap : std::false_type {};
+template <class V, class C, class A>
+struct IsOrderedMap<std::map<std::string, V, C, A>> : std::true_type {};
+
+template <class T>
 struct IsVector : std::false_type {};
 template <class V, class A>
 struct IsVector<std::vector<V, A>> : std::true_type {};
@@ -131,6 +151,22 @@ struct IsTupleLike<std::pair<A, B>> : std::true_type {};
 
 std::string_view field_name(std::string_view names, std::size_t index) noexcept;
 std::string describe_keys(const std::vector<std::string_view>& keys);
+
+// A map's entries in key order (unordered maps are sorted, so every walk, and every signature
+// made from one, is the same whatever the bucket layout or insertion order).
+template <class Map>
+auto sorted_entries(Map& map) {
+  std::vector<decltype(&*map.begin())> entries;
+  entries.reserve(map.size());
+  for (auto& entry : map) entries.push_back(&entry);
+  std::sort(entries.begin(), entries.end(),
+            [](const auto* x, const auto* y) { return x->first < y->first; });
+  return entries;
+}
+
+template <class F>
+inline constexpr bool wants_containers_v =
+    std::is_invocable_v<F&, ContainerTag, const TreePath&, const ContainerInfo&>;
 
 template <class Map, class... Maps>
 void check_same_keys(const TreePath& path, const Map& a, const Maps&... others) {
@@ -223,16 +259,41 @@ void visit_leaves(F&& f, const TreePath& path, T& a, Ts&... others) {
         throw_tree_error(path, fmt::format("has {} elements, expected {}", other, n));
       }
     }
+    if constexpr (detail::wants_containers_v<F>) {
+      f(container_tag, path, ContainerInfo{ContainerInfo::Kind::sequence, a.size(), nullptr});
+    }
     for (std::size_t i = 0; i < a.size(); ++i) visit_leaves(f, path.at(i), a[i], others[i]...);
   } else if constexpr (detail::IsOptional<U>::value) {
     const bool engaged = a.has_value();
     if (((others.has_value() != engaged) || ...)) {
       throw_tree_error(path, engaged ? "is empty, expected a value" : "has a value, expected none");
     }
+    if constexpr (detail::wants_containers_v<F>) {
+      f(container_tag, path,
+        ContainerInfo{ContainerInfo::Kind::optional, engaged ? 1u : 0u, nullptr});
+    }
     if (engaged) visit_leaves(f, path, *a, *others...);
   } else if constexpr (detail::IsStringMap<U>::value) {
     if constexpr (sizeof...(Ts) > 0) detail::check_same_keys(path, a, others...);
-    for (auto& [key, value] : a) visit_leaves(f, path.key(key), value, others.find(key)->second...);
+    auto visit_entry = [&](auto& entry) {
+      visit_leaves(f, path.key(entry.first), entry.second, others.find(entry.first)->second...);
+    };
+    if constexpr (detail::IsOrderedMap<U>::value) {
+      if constexpr (detail::wants_containers_v<F>) {
+        std::vector<std::string_view> keys;
+        for (const auto& entry : a) keys.emplace_back(entry.first);
+        f(container_tag, path, ContainerInfo{ContainerInfo::Kind::map, a.size(), &keys});
+      }
+      for (auto& entry : a) visit_entry(entry);
+    } else {
+      const auto entries = detail::sorted_entries(a);
+      if constexpr (detail::wants_containers_v<F>) {
+        std::vector<std::string_view> keys;
+        for (const auto* entry : entries) keys.emplace_back(entry->first);
+        f(container_tag, path, ContainerInfo{ContainerInfo::Kind::map, a.size(), &keys});
+      }
+      for (auto* entry : entries) visit_entry(*entry);
+    }
   } else if constexpr (detail::FieldStruct<U>) {
     constexpr std::string_view names = retrace_field_names(static_cast<const U*>(nullptr));
     auto fields = retrace_tie(a);

@@ -75,7 +75,9 @@ using TraceId = StrongId<struct TraceIdTag, std::uint64_t>;
 using QueueId = StrongId<struct QueueIdTag, std::uint32_t>;
 using DeviceId = StrongId<struct DeviceIdTag, std::uint32_t>;
 
-inline constexpr QueueId kDefaultQueue{0};
+// Stands for the queue this thread is capturing on (for the device it captures on), else the
+// queue of the innermost DefaultQueueScope on this thread, else queue 0 (see device.hpp).
+inline constexpr QueueId kDefaultQueue{0xFFFFFFFFu};
 
 }  // namespace retrace
 

@@ -3,6 +3,7 @@
 #include "retrace/error.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace retrace::detail {
@@ -28,17 +29,21 @@ Arena::Arena(std::string device_name, std::byte* base, std::size_t capacity,
     : device_name_(std::move(device_name)),
       capacity_(capacity / alignment * alignment),
       trace_region_(trace_region),
-      guard_(round_up(guard_bytes, alignment)),
+      guard_(round_up(std::min(guard_bytes, capacity), alignment)),
       alignment_(alignment),
       base_(base) {
   RETRACE_ASSERT(base != nullptr && alignment >= 64 && (alignment & (alignment - 1)) == 0,
                  "arena of {}: bad region or alignment", device_name_);
   RETRACE_CHECK(capacity_ > 0, invalid_argument, "{}: memory_bytes must be positive", device_name_);
+  RETRACE_CHECK(guard_bytes <= capacity_ / 4, invalid_argument,
+                "{}: guard_bytes ({}) must be at most a quarter of the device memory ({})",
+                device_name_, guard_bytes, human_bytes(capacity_));
   free_.emplace(0, capacity_);
 }
 
 std::size_t Arena::round_capacity(std::size_t bytes, std::size_t alignment) {
-  return round_up(bytes, alignment);
+  // Rounds down near the top of the range instead of wrapping to a tiny capacity.
+  return bytes > SIZE_MAX - alignment ? bytes / alignment * alignment : round_up(bytes, alignment);
 }
 
 std::size_t Arena::span_for(std::size_t bytes) const noexcept {
@@ -51,6 +56,11 @@ BlockInfo Arena::describe(std::size_t offset, const Block& block) const noexcept
 }
 
 BlockInfo Arena::allocate(std::size_t bytes, std::optional<TraceId> capture) {
+  // Checked before any rounding, so a huge request can never wrap to a small span.
+  RETRACE_CHECK(bytes <= capacity_, out_of_memory,
+                "{} is out of memory: cannot allocate {} ({} bytes), more than the whole device "
+                "({})",
+                device_name_, human_bytes(bytes), bytes, human_bytes(capacity_));
   const std::size_t span = span_for(bytes);
   std::lock_guard lock(mutex_);
   Pool* pool = nullptr;

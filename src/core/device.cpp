@@ -7,6 +7,39 @@
 
 namespace retrace {
 
+namespace {
+
+std::atomic<std::uint64_t> g_next_device_uid{1};
+std::atomic<std::uint64_t> g_next_trace_id{1};
+
+// Live traces of every device in the process, so a trace id given to the wrong device can be
+// told apart from a released one. Touched only at capture, release and in error paths.
+struct TraceOwners {
+  std::mutex mutex;
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::DeviceLink>> owner;
+};
+TraceOwners& trace_owners() {
+  static TraceOwners* owners = new TraceOwners;  // never destroyed: devices may outlive main
+  return *owners;
+}
+
+thread_local QueueId t_default_queue{0};
+
+}  // namespace
+
+DefaultQueueScope::DefaultQueueScope(QueueId queue) noexcept : previous_(t_default_queue) {
+  if (queue != kDefaultQueue) t_default_queue = queue;
+}
+
+DefaultQueueScope::~DefaultQueueScope() { t_default_queue = previous_; }
+
+Device& detail::DeviceLink::require_open(std::string_view what) const {
+  Device* open = device.load();
+  RETRACE_CHECK(open != nullptr, failed_precondition,
+                "{}: {} was closed; its memory, traces and queues are gone", what, name);
+  return *open;
+}
+
 // --- Buffer / Event ---------------------------------------------------------------------------
 
 Buffer::Buffer(std::shared_ptr<detail::DeviceLink> link, BlockInfo block) noexcept
@@ -22,14 +55,13 @@ Event::Event(std::shared_ptr<detail::EventState> state, std::shared_ptr<detail::
 
 bool Event::is_complete() const {
   RETRACE_CHECK(state_, invalid_argument, "is_complete: the event was never recorded");
+  link_->require_open("Event::is_complete");
   return state_->is_complete();
 }
 
 void Event::synchronize() const {
   RETRACE_CHECK(state_, invalid_argument, "synchronize: the event was never recorded");
-  if (Device* device = link_->device.load()) {
-    device->check_not_capturing("waiting for an event on the host");
-  }
+  link_->require_open("Event::synchronize").check_not_capturing("waiting for an event on the host");
   state_->wait();
 }
 
@@ -42,6 +74,8 @@ Device::Device(std::string_view backend, DeviceId id, std::uint32_t num_queues)
       num_queues_(num_queues),
       link_(std::make_shared<detail::DeviceLink>()) {
   RETRACE_CHECK(num_queues >= 1, invalid_argument, "{} needs at least one command queue", name_);
+  link_->uid = g_next_device_uid.fetch_add(1);
+  link_->name = name_;
   link_->device.store(this);
 }
 
@@ -51,10 +85,19 @@ Device::~Device() {
 }
 
 void Device::close() noexcept {
+  if (link_->device.load() == nullptr) return;
+  do_shutdown();
   std::unordered_map<std::uint64_t, std::shared_ptr<TraceBase>> traces;
   {
     std::lock_guard lock(mutex_);
     traces.swap(traces_);
+    capture_queue_.reset();
+    capturing_.store(false);
+  }
+  {
+    auto& owners = trace_owners();
+    std::lock_guard lock(owners.mutex);
+    for (const auto& [id, trace] : traces) owners.owner.erase(id);
   }
   for (auto& [id, trace] : traces) do_release_trace(*trace);
   link_->device.store(nullptr);
@@ -65,6 +108,21 @@ std::string Device::queue_label(QueueId queue) const {
 }
 
 // --- checks -----------------------------------------------------------------------------------
+
+void Device::require_open(std::string_view what) const { link_->require_open(what); }
+
+QueueId Device::resolve_queue(QueueId queue, std::string_view what) const {
+  require_open(what);
+  if (queue == kDefaultQueue) {
+    queue = t_default_queue;
+    if (capturing_.load()) [[unlikely]] {
+      std::lock_guard lock(mutex_);
+      if (capture_queue_ && capture_thread_ == std::this_thread::get_id()) queue = *capture_queue_;
+    }
+  }
+  check_queue(queue, what);
+  return queue;
+}
 
 void Device::check_queue(QueueId queue, std::string_view what) const {
   RETRACE_CHECK(queue.value < num_queues_, invalid_argument,
@@ -93,37 +151,66 @@ void Device::check_queue_not_capturing(QueueId queue, std::string_view what) con
 }
 
 void Device::check_own_buffer(const Buffer& buffer, std::string_view what) const {
-  RETRACE_CHECK(buffer.device() == this, invalid_argument,
-                "{}: the buffer at 0x{:x} belongs to {}, not {}", what, buffer.address(),
-                buffer.device() ? buffer.device()->name() : std::string("a closed device"), name_);
+  if (buffer.device() == this) [[likely]] return;
+  const detail::DeviceLink& owner = buffer.link();
+  RETRACE_CHECK(owner.device.load() != nullptr, failed_precondition,
+                "{}: the buffer at 0x{:x} belongs to {}, which was closed", what,
+                buffer.address(), owner.name);
+  RETRACE_FAIL(invalid_argument, "{}: the buffer at 0x{:x} belongs to {}, not {}", what,
+               buffer.address(), owner.name, name_);
 }
 
 std::shared_ptr<TraceBase> Device::find_trace(TraceId trace, std::string_view what) const {
-  std::lock_guard lock(mutex_);
-  auto it = traces_.find(trace.value);
-  if (it != traces_.end()) return it->second;
-  RETRACE_CHECK(!(capture_queue_ && capture_trace_ == trace), failed_precondition,
-                "{}: trace {} on {} is still being captured on {}; end the capture first", what,
-                trace, name_, queue_label(*capture_queue_));
-  RETRACE_FAIL(invalid_argument, "{}: trace {} does not exist on {} (never captured, or already "
-               "released)", what, trace, name_);
+  require_open(what);
+  {
+    std::lock_guard lock(mutex_);
+    auto it = traces_.find(trace.value);
+    if (it != traces_.end()) return it->second;
+    RETRACE_CHECK(!(capture_queue_ && capture_trace_ == trace), failed_precondition,
+                  "{}: trace {} on {} is still being captured on {}; end the capture first",
+                  what, trace, name_, queue_label(*capture_queue_));
+  }
+  std::string owner;
+  {
+    auto& owners = trace_owners();
+    std::lock_guard lock(owners.mutex);
+    if (auto it = owners.owner.find(trace.value); it != owners.owner.end()) {
+      owner = it->second->name;
+    }
+  }
+  RETRACE_CHECK(owner.empty(), invalid_argument,
+                "{}: trace {} belongs to another device ({}), not {}; trace ids are unique in "
+                "the process",
+                what, trace, owner, name_);
+  RETRACE_FAIL(invalid_argument,
+               "{}: trace {} does not exist on {} (never captured, or already released)", what,
+               trace, name_);
 }
 
 // --- memory and work --------------------------------------------------------------------------
 
 std::shared_ptr<Buffer> Device::allocate(std::size_t bytes) {
+  require_open("allocate");
   std::optional<TraceId> capture;
   if (capturing_.load()) {
     // Only the capturing thread allocates from the trace's pool.
     std::lock_guard lock(mutex_);
     if (capture_queue_ && capture_thread_ == std::this_thread::get_id()) capture = capture_trace_;
   }
+  try {
+    return std::make_shared<Buffer>(link_, do_allocate(bytes, capture));
+  } catch (const Error& e) {
+    if (e.category() != ErrorCategory::out_of_memory) throw;
+  }
+  // Buffers whose handles are gone may still be held by queued eager work: let it finish and
+  // drop them, then try once more (the second failure is reported).
+  do_reclaim();
   return std::make_shared<Buffer>(link_, do_allocate(bytes, capture));
 }
 
 void Device::write(QueueId queue, const Buffer& dst, std::size_t offset,
                    std::span<const std::byte> src, Blocking blocking) {
-  check_queue(queue, "write");
+  queue = resolve_queue(queue, "write");
   check_queue_not_capturing(queue, "writing host data to the device");
   check_own_buffer(dst, "write");
   RETRACE_CHECK(offset <= dst.size() && src.size() <= dst.size() - offset, invalid_argument,
@@ -133,7 +220,7 @@ void Device::write(QueueId queue, const Buffer& dst, std::size_t offset,
 }
 
 void Device::read(QueueId queue, const Buffer& src, std::size_t offset, std::span<std::byte> dst) {
-  check_queue(queue, "read");
+  queue = resolve_queue(queue, "read");
   check_queue_not_capturing(queue, "reading a device buffer to the host");
   check_own_buffer(src, "read");
   RETRACE_CHECK(offset <= src.size() && dst.size() <= src.size() - offset, invalid_argument,
@@ -143,13 +230,23 @@ void Device::read(QueueId queue, const Buffer& src, std::size_t offset, std::spa
 }
 
 void Device::enqueue(QueueId queue, const KernelLaunch& launch) {
-  check_queue(queue, launch.op);
+  const bool explicit_queue = queue != kDefaultQueue;
+  queue = resolve_queue(queue, launch.op);
   RETRACE_CHECK(launch.params_size <= kMaxKernelParamsBytes, invalid_argument,
                 "{}: kernel parameters of {} bytes exceed the limit of {}", launch.op,
                 launch.params_size, kMaxKernelParamsBytes);
   for (const Buffer* buffer : launch.buffers) check_own_buffer(*buffer, launch.op);
   if (capturing_.load()) [[unlikely]] {
     std::lock_guard lock(mutex_);
+    if (capture_queue_ && *capture_queue_ != queue) {
+      RETRACE_CHECK(!explicit_queue || capture_thread_ != std::this_thread::get_id(),
+                    capture_violation,
+                    "{}: enqueued on {} while this thread is capturing trace {} on {}; the op "
+                    "would run now, outside the trace. Send the ops of a traced function to the "
+                    "captured queue (or leave the queue argument at its default, which follows "
+                    "the capture)",
+                    launch.op, queue_label(queue), capture_trace_, queue_label(*capture_queue_));
+    }
     RETRACE_CHECK(!capture_queue_ || *capture_queue_ != queue ||
                       capture_thread_ == std::this_thread::get_id(),
                   capture_violation,
@@ -161,12 +258,13 @@ void Device::enqueue(QueueId queue, const KernelLaunch& launch) {
 }
 
 void Device::synchronize(QueueId queue) {
-  check_queue(queue, "synchronize");
+  queue = resolve_queue(queue, "synchronize");
   check_queue_not_capturing(queue, "synchronize");
   do_synchronize(queue);
 }
 
 void Device::synchronize() {
+  require_open("synchronize");
   check_not_capturing("synchronize");
   // Wait for every queue before reporting the first failure, so nothing is left running. Another
   // thread's capture in progress is skipped: its queue is recording, not running.
@@ -183,13 +281,13 @@ void Device::synchronize() {
 }
 
 Event Device::record_event(QueueId queue) {
-  check_queue(queue, "record_event");
+  queue = resolve_queue(queue, "record_event");
   check_queue_not_capturing(queue, "recording an event");
   return Event(do_record_event(queue), link_, queue);
 }
 
 void Device::wait_event(QueueId queue, const Event& event) {
-  check_queue(queue, "wait_event");
+  queue = resolve_queue(queue, "wait_event");
   check_queue_not_capturing(queue, "waiting on an event");
   RETRACE_CHECK(event.valid(), invalid_argument, "wait_event: the event was never recorded");
   RETRACE_CHECK(event.device() == this, invalid_argument,
@@ -201,7 +299,7 @@ void Device::wait_event(QueueId queue, const Event& event) {
 // --- traces -----------------------------------------------------------------------------------
 
 void Device::begin_trace_capture(QueueId queue) {
-  check_queue(queue, "begin_trace_capture");
+  queue = resolve_queue(queue, "begin_trace_capture");
   std::lock_guard lock(mutex_);
   if (capture_queue_) {
     RETRACE_CHECK(*capture_queue_ != queue, failed_precondition,
@@ -213,7 +311,7 @@ void Device::begin_trace_capture(QueueId queue) {
                  "at a time); end that capture first",
                  queue_label(queue), queue_label(*capture_queue_), capture_trace_);
   }
-  const TraceId trace{next_trace_id_++};
+  const TraceId trace{g_next_trace_id.fetch_add(1)};
   do_begin_capture(queue, trace);
   capture_queue_ = queue;
   capture_trace_ = trace;
@@ -222,7 +320,7 @@ void Device::begin_trace_capture(QueueId queue) {
 }
 
 TraceId Device::end_trace_capture(QueueId queue) {
-  check_queue(queue, "end_trace_capture");
+  queue = resolve_queue(queue, "end_trace_capture");
   std::lock_guard lock(mutex_);
   RETRACE_CHECK(capture_queue_, failed_precondition,
                 "end_trace_capture: no capture is in progress on {}; call begin_trace_capture "
@@ -246,6 +344,11 @@ TraceId Device::end_trace_capture(QueueId queue) {
   }
   trace->info.id = capture_trace_;
   trace->info.captured_on = queue;
+  {
+    auto& owners = trace_owners();
+    std::lock_guard owners_lock(owners.mutex);
+    owners.owner.emplace(capture_trace_.value, link_);
+  }
   traces_.emplace(capture_trace_.value, std::move(trace));
   capture_queue_.reset();
   capturing_.store(false);
@@ -253,7 +356,7 @@ TraceId Device::end_trace_capture(QueueId queue) {
 }
 
 void Device::execute_trace(TraceId trace, QueueId queue, Blocking blocking) {
-  check_queue(queue, "execute_trace");
+  queue = resolve_queue(queue, "execute_trace");
   std::shared_ptr<TraceBase> found = find_trace(trace, "execute_trace");
   if (capturing_.load()) {
     std::lock_guard lock(mutex_);
@@ -272,6 +375,11 @@ void Device::release_trace(TraceId trace) {
   {
     std::lock_guard lock(mutex_);
     if (traces_.erase(trace.value) == 0) return;  // released concurrently by another thread
+  }
+  {
+    auto& owners = trace_owners();
+    std::lock_guard lock(owners.mutex);
+    owners.owner.erase(trace.value);
   }
   do_release_trace(*found);
 }
@@ -302,6 +410,7 @@ std::optional<TraceId> Device::capturing_trace(QueueId queue) const {
 }
 
 DeviceStats Device::stats() const {
+  require_open("stats");
   DeviceStats stats;
   {
     std::lock_guard lock(mutex_);

@@ -18,6 +18,15 @@ Shape::Shape(std::span<const std::int64_t> dims) {
                   fmt::join(dims, ", "), i);
     dims_[i] = dims[i];
   }
+  // Every partial product of the extents then fits too, so element counts, strides and row
+  // counts computed from a Shape never overflow.
+  std::int64_t product = 1;
+  for (std::int64_t d : dims) {
+    if (d == 0) continue;
+    RETRACE_CHECK(!__builtin_mul_overflow(product, d, &product), invalid_argument,
+                  "shape [{}] has more than 2^63 - 1 elements (its element count overflows)",
+                  fmt::join(dims, ", "));
+  }
   rank_ = dims.size();
 }
 

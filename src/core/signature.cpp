@@ -1,5 +1,8 @@
 #include "retrace/signature.hpp"
 
+#include <fmt/ranges.h>
+
+#include <cmath>
 #include <functional>
 
 namespace retrace {
@@ -10,11 +13,36 @@ void combine(std::size_t& seed, std::size_t value) noexcept {
 }
 }  // namespace
 
+namespace {
+bool same_floating(double a, double b) noexcept {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
+// One hash for values that compare equal: every NaN alike, -0.0 like 0.0.
+std::size_t hash_floating(double v) noexcept {
+  if (std::isnan(v)) return 0x7ff8000000000000ULL;
+  if (v == 0.0) return 0;
+  return std::hash<double>{}(v);
+}
+}  // namespace
+
+bool operator==(const LeafSignature& a, const LeafSignature& b) noexcept {
+  return a.kind == b.kind && a.path_hash == b.path_hash && a.dtype == b.dtype &&
+         a.layout == b.layout && a.shape == b.shape && a.device_uid == b.device_uid &&
+         a.integer == b.integer && same_floating(a.floating, b.floating) && a.text == b.text;
+}
+
 std::string LeafSignature::describe() const {
   switch (kind) {
     case Kind::tensor:
       return fmt::format("{} {} {} on {}", shape, dtype, layout,
-                         device != nullptr ? device->name() : "the host");
+                         device_link != nullptr ? device_link->name : "the host");
+    case Kind::container:
+      switch (static_cast<ContainerInfo::Kind>(dtype)) {
+        case ContainerInfo::Kind::sequence: return fmt::format("a sequence of {} elements", integer);
+        case ContainerInfo::Kind::map: return fmt::format("a map with keys {{{}}}", text);
+        case ContainerInfo::Kind::optional: return integer != 0 ? "a value" : "no value";
+      }
+      return "a container";
     case Kind::integer: return fmt::format("{}", integer);
     case Kind::floating: return fmt::format("{}", floating);
     case Kind::boolean: return integer != 0 ? "true" : "false";
@@ -50,7 +78,21 @@ LeafSignature tensor_signature(const Tensor& tensor, const Device* host_device) 
   s.dtype = tensor.dtype();
   s.layout = tensor.layout();
   s.shape = tensor.shape();
-  s.device = tensor.on_host() ? host_device : tensor.device();
+  if (tensor.on_device()) {
+    s.device_link = &tensor.buffer()->link();
+  } else if (host_device != nullptr) {
+    s.device_link = host_device->link().get();
+  }
+  s.device_uid = s.device_link != nullptr ? s.device_link->uid : 0;
+  return s;
+}
+
+LeafSignature container_signature(const ContainerInfo& info) {
+  LeafSignature s;
+  s.kind = LeafSignature::Kind::container;
+  s.integer = static_cast<std::int64_t>(info.size);
+  s.dtype = static_cast<DType>(info.kind);  // sequences, maps and optionals differ
+  if (info.keys != nullptr) s.text = fmt::format("{}", fmt::join(*info.keys, ", "));
   return s;
 }
 
@@ -61,9 +103,9 @@ void finish_signature(InputSignature& signature) noexcept {
     combine(seed, static_cast<std::size_t>(leaf.kind));
     combine(seed, static_cast<std::size_t>(leaf.dtype) * 31 + static_cast<std::size_t>(leaf.layout));
     for (std::int64_t d : leaf.shape.dims()) combine(seed, static_cast<std::size_t>(d));
-    combine(seed, reinterpret_cast<std::uintptr_t>(leaf.device));
+    combine(seed, static_cast<std::size_t>(leaf.device_uid));
     combine(seed, static_cast<std::size_t>(leaf.integer));
-    combine(seed, std::hash<double>{}(leaf.floating));
+    combine(seed, hash_floating(leaf.floating));
     combine(seed, std::hash<std::string>{}(leaf.text));
   }
   signature.hash = seed;

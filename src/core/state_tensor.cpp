@@ -9,15 +9,20 @@ void StateTensor::update(const Tensor& value, Traced traced, Device* device, Que
   value.check_not_null("StateTensor::update", "the value");
   if (data_.is_null() || traced == Traced::no) {
     if (value.on_device()) {
+      (void)value.require_device("StateTensor::update", "the value");
       data_ = value;
       return;
     }
-    Device* target = device != nullptr ? device : data_.device();
+    Device* target = device;
+    if (target == nullptr && !data_.is_null()) {
+      target = &data_.require_device("StateTensor::update", "the state");
+    }
     RETRACE_CHECK(target != nullptr, invalid_argument,
                   "StateTensor::update: a host value needs a device to upload to");
     data_ = value.to_device(*target, queue);
     return;
   }
+  Device& home = data_.require_device("StateTensor::update", "the state");
   RETRACE_CHECK(value.shape() == data_.shape() && value.dtype() == data_.dtype() &&
                     value.layout() == data_.layout(),
                 invalid_argument,
@@ -25,10 +30,10 @@ void StateTensor::update(const Tensor& value, Traced traced, Device* device, Que
                 "layout ({} {} {}), got {} {} {}; traces read the state's buffer in place",
                 data_.shape(), data_.dtype(), data_.layout(), value.shape(), value.dtype(),
                 value.layout());
-  RETRACE_CHECK(value.on_host() || value.device() == data_.device(), invalid_argument,
-                "StateTensor::update: the value is on {} but the state lives on {}",
-                value.device() ? value.device()->name() : "a closed device",
-                data_.device() ? data_.device()->name() : "a closed device");
+  RETRACE_CHECK(value.on_host() ||
+                    &value.require_device("StateTensor::update", "the value") == &home,
+                invalid_argument, "StateTensor::update: the value is on {} but the state lives on {}",
+                value.device() ? value.device()->name() : "?", home.name());
   ops::copy(value, data_, queue);
 }
 

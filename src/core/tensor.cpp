@@ -4,6 +4,7 @@
 #include "retrace/error.hpp"
 #include "retrace/ops.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace retrace {
@@ -14,13 +15,23 @@ struct TileGeometry {
   std::int64_t batch, rows, cols, padded_rows, padded_cols;
 };
 
+// Throws naming the shape when its tile-padded storage would overflow a 64-bit count.
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const Shape& shape, Layout layout) {
+  std::int64_t out = 0;
+  RETRACE_CHECK(!__builtin_mul_overflow(a, b, &out), invalid_argument,
+                "a {} tensor of shape {} would need more than 2^63 - 1 storage elements", layout,
+                shape);
+  return out;
+}
+
 TileGeometry tile_geometry(const Shape& shape) {
   const std::size_t rank = shape.rank();
   const std::int64_t cols = rank >= 1 ? shape[-1] : 1;
   const std::int64_t rows = rank >= 2 ? shape[-2] : 1;
   std::int64_t batch = 1;
   for (std::size_t i = 0; i + 2 < rank; ++i) batch *= shape.dims()[i];
-  auto pad = [](std::int64_t n) { return (n + kTileSize - 1) / kTileSize * kTileSize; };
+  // Extents fit in 63 bits, so padding one up to a multiple of 32 cannot overflow.
+  auto pad = [](std::int64_t n) { return n / kTileSize * kTileSize + (n % kTileSize ? kTileSize : 0); };
   return {batch, rows, cols, pad(rows), pad(cols)};
 }
 
@@ -82,17 +93,26 @@ S convert(T v) {
 std::int64_t storage_elements(const Shape& shape, Layout layout) {
   if (layout == Layout::row_major) return shape.numel();
   const TileGeometry g = tile_geometry(shape);
-  return g.batch * g.padded_rows * g.padded_cols;
+  if (g.padded_rows == 0 || g.padded_cols == 0) return 0;
+  return checked_mul(checked_mul(g.batch, g.padded_rows, shape, layout), g.padded_cols, shape,
+                     layout);
 }
 
 std::size_t storage_bytes(const Shape& shape, DType dtype, Layout layout) {
-  return static_cast<std::size_t>(storage_elements(shape, layout)) * dtype_size(dtype);
+  const std::int64_t elements = storage_elements(shape, layout);
+  std::int64_t bytes = 0;
+  RETRACE_CHECK(!__builtin_mul_overflow(elements, static_cast<std::int64_t>(dtype_size(dtype)),
+                                        &bytes),
+                invalid_argument,
+                "a {} {} tensor of shape {} would need more than 2^63 - 1 bytes of storage", dtype,
+                layout, shape);
+  return static_cast<std::size_t>(bytes);
 }
 
-Tensor::Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::vector<std::byte>> host,
-               const Shape& shape, DType dtype, Layout layout)
-    : buffer_(std::move(buffer)), host_(std::move(host)), shape_(shape), dtype_(dtype),
-      layout_(layout) {}
+Tensor::Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::byte> host,
+               const Shape& shape, DType dtype, Layout layout, std::size_t bytes)
+    : buffer_(std::move(buffer)), host_(std::move(host)), bytes_(bytes), shape_(shape),
+      dtype_(dtype), layout_(layout) {}
 
 template <HostElement T>
 Tensor Tensor::from_vector(std::span<const T> values, const Shape& shape, DType dtype,
@@ -101,7 +121,7 @@ Tensor Tensor::from_vector(std::span<const T> values, const Shape& shape, DType 
                 "from_vector: {} values do not fill shape {} ({} elements)", values.size(),
                 shape, shape.numel());
   Tensor tensor = empty_host(shape, dtype, layout);
-  std::byte* raw = tensor.host_->data();
+  std::byte* raw = tensor.host_.get();
   dispatch_dtype(dtype, [&]<class S>(S) {
     S* out = reinterpret_cast<S*>(raw);
     for_each_element(shape, layout,
@@ -111,19 +131,24 @@ Tensor Tensor::from_vector(std::span<const T> values, const Shape& shape, DType 
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device& device, Layout layout) {
-  return Tensor(device.allocate(storage_bytes(shape, dtype, layout)), nullptr, shape, dtype,
-                layout);
+  const std::size_t bytes = storage_bytes(shape, dtype, layout);
+  return Tensor(device.allocate(bytes), nullptr, shape, dtype, layout, bytes);
 }
 
 Tensor Tensor::empty_host(const Shape& shape, DType dtype, Layout layout) {
-  return Tensor(nullptr,
-                std::make_shared<std::vector<std::byte>>(storage_bytes(shape, dtype, layout)),
-                shape, dtype, layout);
+  const std::size_t bytes = storage_bytes(shape, dtype, layout);
+  // At least one byte, so even an empty host tensor has storage (and a non-null pointer).
+  std::shared_ptr<std::byte[]> storage(new std::byte[std::max<std::size_t>(bytes, 1)]());
+  return Tensor(nullptr, std::shared_ptr<std::byte>(storage, storage.get()), shape, dtype, layout,
+                bytes);
 }
 
-std::size_t Tensor::nbytes() const noexcept {
-  if (buffer_) return storage_bytes(shape_, dtype_, layout_);
-  return host_ ? host_->size() : 0;
+Tensor Tensor::from_host_storage(std::shared_ptr<std::byte> storage, const Shape& shape,
+                                 DType dtype, Layout layout) {
+  RETRACE_CHECK(storage != nullptr, invalid_argument,
+                "from_host_storage: the storage pointer is null");
+  const std::size_t bytes = storage_bytes(shape, dtype, layout);
+  return Tensor(nullptr, std::move(storage), shape, dtype, layout, bytes);
 }
 
 Device* Tensor::device() const noexcept { return buffer_ ? buffer_->device() : nullptr; }
@@ -131,36 +156,43 @@ Device* Tensor::device() const noexcept { return buffer_ ? buffer_->device() : n
 std::uint64_t Tensor::address() const noexcept { return buffer_ ? buffer_->address() : 0; }
 
 std::span<const std::byte> Tensor::host_bytes() const noexcept {
-  return host_ ? std::span<const std::byte>(*host_) : std::span<const std::byte>();
+  return host_ ? std::span<const std::byte>(host_.get(), bytes_) : std::span<const std::byte>();
 }
 
 std::span<std::byte> Tensor::host_bytes_mutable() const noexcept {
-  return host_ ? std::span<std::byte>(*host_) : std::span<std::byte>();
+  return host_ ? std::span<std::byte>(host_.get(), bytes_) : std::span<std::byte>();
 }
 
 void Tensor::check_not_null(std::string_view what, std::string_view argument) const {
   RETRACE_CHECK(!is_null(), invalid_argument, "{}: {} is a null tensor", what, argument);
 }
 
+Device& Tensor::require_device(std::string_view what, std::string_view argument) const {
+  check_not_null(what, argument);
+  RETRACE_CHECK(on_device(), invalid_argument,
+                "{}: {} is a host tensor; move it to a device with to_device() first", what,
+                argument);
+  if (Device* open = buffer_->device()) [[likely]] return *open;
+  return buffer_->link().require_open(fmt::format("{}: {}", what, argument));
+}
+
 Tensor Tensor::to_device(Device& device, QueueId queue, Blocking blocking) const {
   check_not_null("to_device", "the tensor");
   if (on_device()) {
-    if (this->device() == &device) return *this;
+    if (&require_device("to_device", "the tensor") == &device) return *this;
     return to_host().to_device(device, queue, blocking);
   }
   Tensor result = empty(shape_, dtype_, device, layout_);
-  device.write(queue, *result.buffer_, 0, *host_, blocking);
+  device.write(queue, *result.buffer_, 0, host_bytes(), blocking);
   return result;
 }
 
 Tensor Tensor::to_host(QueueId queue) const {
   check_not_null("to_host", "the tensor");
   if (on_host()) return *this;
-  Device* owner = device();
-  RETRACE_CHECK(owner != nullptr, failed_precondition,
-                "to_host: the tensor's device was closed; its contents are gone");
+  Device& owner = require_device("to_host", "the tensor");
   Tensor result = empty_host(shape_, dtype_, layout_);
-  owner->read(queue, *buffer_, 0, *result.host_);
+  owner.read(queue, *buffer_, 0, result.host_bytes_mutable());
   return result;
 }
 
@@ -168,7 +200,7 @@ template <HostElement T>
 std::vector<T> Tensor::to_vector(QueueId queue) const {
   const Tensor host = to_host(queue);
   std::vector<T> values(static_cast<std::size_t>(numel()));
-  const std::byte* raw = host.host_->data();
+  const std::byte* raw = host.host_.get();
   dispatch_dtype(dtype_, [&]<class S>(S) {
     const S* in = reinterpret_cast<const S*>(raw);
     for_each_element(shape_, layout_,
@@ -180,12 +212,11 @@ std::vector<T> Tensor::to_vector(QueueId queue) const {
 Tensor Tensor::clone(QueueId queue) const {
   check_not_null("clone", "the tensor");
   if (on_host()) {
-    return Tensor(nullptr, std::make_shared<std::vector<std::byte>>(*host_), shape_, dtype_,
-                  layout_);
+    Tensor copy = empty_host(shape_, dtype_, layout_);
+    std::copy_n(host_.get(), bytes_, copy.host_.get());
+    return copy;
   }
-  Device* owner = device();
-  RETRACE_CHECK(owner != nullptr, failed_precondition, "clone: the tensor's device was closed");
-  Tensor result = empty(shape_, dtype_, *owner, layout_);
+  Tensor result = empty(shape_, dtype_, require_device("clone", "the tensor"), layout_);
   ops::copy(*this, result, queue);
   return result;
 }
@@ -199,15 +230,15 @@ Tensor Tensor::with_shape(const Shape& shape) const {
                 "with_shape: shape {} ({} elements) does not match the tensor's shape {} ({} "
                 "elements)",
                 shape, shape.numel(), shape_, numel());
-  return Tensor(buffer_, host_, shape, dtype_, layout_);
+  return Tensor(buffer_, host_, shape, dtype_, layout_, bytes_);
 }
 
 std::string Tensor::to_string() const {
   if (is_null()) return "Tensor(null)";
   const std::string where =
       on_host() ? std::string("host")
-                : fmt::format("{} @0x{:x}", device() ? device()->name() : "closed device",
-                              address());
+                : fmt::format("{}{} @0x{:x}", buffer_->link().name,
+                              device() ? "" : " (closed)", address());
   return fmt::format("Tensor({}, {}, {}, {})", shape_, dtype_, layout_, where);
 }
 

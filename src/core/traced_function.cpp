@@ -1,22 +1,46 @@
 #include "retrace/traced_function.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace retrace {
 
-TraceOwner::~TraceOwner() {
+namespace {
+std::atomic<std::uint64_t> g_next_owner_id{1};
+}  // namespace
+
+TraceOwner::TraceOwner() noexcept : id_(g_next_owner_id.fetch_add(1)) {}
+
+TraceOwner::TraceOwner(const TraceOwner&) noexcept : TraceOwner() {}
+
+TraceOwner& TraceOwner::operator=(const TraceOwner& other) noexcept {
+  if (this != &other) {
+    release_traces();
+    id_ = g_next_owner_id.fetch_add(1);
+  }
+  return *this;
+}
+
+TraceOwner::~TraceOwner() { release_traces(); }
+
+void TraceOwner::release_traces() noexcept {
   decltype(releases_) releases;
   {
     std::lock_guard lock(mutex_);
     releases.swap(releases_);
   }
   for (auto& [cache, release] : releases) {
-    if (!cache.expired()) release(this);
+    if (cache.expired()) continue;
+    try {
+      release(id_);
+    } catch (const std::exception& e) {
+      log(LogLevel::error, "releasing the traces of a destroyed object failed: {}", e.what());
+    }
   }
 }
 
 void TraceOwner::on_destroy(std::weak_ptr<void> cache,
-                            std::function<void(const TraceOwner*)> release) {
+                            std::function<void(std::uint64_t)> release) {
   std::lock_guard lock(mutex_);
   std::erase_if(releases_, [](const auto& entry) { return entry.first.expired(); });
   releases_.emplace_back(std::move(cache), std::move(release));
@@ -24,10 +48,17 @@ void TraceOwner::on_destroy(std::weak_ptr<void> cache,
 
 namespace detail {
 
+bool CacheKey::involves(std::uint64_t owner_id) const noexcept {
+  return owner == owner_id ||
+         std::find(bound_owners.begin(), bound_owners.end(), owner_id) != bound_owners.end();
+}
+
 std::size_t CacheKeyHash::operator()(const CacheKey& key) const noexcept {
-  std::size_t seed = std::hash<const void*>{}(key.owner);
+  std::size_t seed = std::hash<std::uint64_t>{}(key.owner);
   auto combine = [&](std::size_t v) { seed ^= v + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2); };
-  for (std::uintptr_t b : key.bound) combine(std::hash<std::uintptr_t>{}(b));
+  combine(std::hash<std::uint64_t>{}(key.device));
+  for (std::uint64_t b : key.bound_owners) combine(std::hash<std::uint64_t>{}(b));
+  for (std::uintptr_t b : key.bound_addresses) combine(std::hash<std::uintptr_t>{}(b));
   combine(std::hash<std::string>{}(key.key));
   if (key.signature) combine(key.signature->hash);
   return seed;
@@ -38,10 +69,13 @@ std::string CacheBook::explain(const CacheKey& key, const std::vector<const Cach
   if (live.empty()) return "first traced call";
   std::vector<const CacheKey*> same_context;
   for (const CacheKey* k : live) {
-    if (k->owner == key.owner && k->bound == key.bound) same_context.push_back(k);
+    if (k->owner == key.owner && k->device == key.device && k->bound_owners == key.bound_owners &&
+        k->bound_addresses == key.bound_addresses) {
+      same_context.push_back(k);
+    }
   }
   if (same_context.empty()) {
-    return key.owner != nullptr ? "first traced call for this object"
+    return key.owner != 0 ? "first traced call for this object (or on this device)"
                                 : "new device or bound arguments (traces are chosen by their "
                                   "identity)";
   }

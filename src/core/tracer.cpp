@@ -31,9 +31,25 @@ TracerCore::TracerCore(std::vector<Device*> devices, TracerOptions options)
 TracerCore::~TracerCore() = default;
 
 std::size_t TracerCore::trace_bytes() const {
+  require_devices_open("trace_bytes()");
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < traces_.size(); ++i) bytes += devices_[i]->trace_info(traces_[i]).bytes;
   return bytes;
+}
+
+void TracerCore::require_devices_open(std::string_view what) const {
+  for (const auto& link : links_) {
+    if (link->device.load() != nullptr) [[likely]] continue;
+    RETRACE_FAIL(failed_precondition,
+                 "tracer '{}': {}: its device {} was closed; its traces and input slots are "
+                 "gone (make a new tracer on an open device)",
+                 options_.name, what, link->name);
+  }
+}
+
+bool TracerCore::devices_open() const noexcept {
+  return std::all_of(links_.begin(), links_.end(),
+                     [](const auto& link) { return link->device.load() != nullptr; });
 }
 
 void TracerCore::check_capture_input(const TreePath& path, const Tensor& tensor) const {
@@ -45,16 +61,45 @@ void TracerCore::check_capture_input(const TreePath& path, const Tensor& tensor)
                                        device_names(devices_)));
   }
   const Device* device = tensor.device();
-  if (device == nullptr) throw_tree_error(path, "lives on a device that was closed");
+  if (device == nullptr) {
+    RETRACE_FAIL(failed_precondition, "{}: lives on {}, which was closed", path.describe(),
+                 tensor.buffer()->link().name);
+  }
   if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
     throw_tree_error(path, fmt::format("is on {}, which is not a device of tracer '{}' ({})",
                                        device->name(), options_.name, device_names(devices_)));
   }
 }
 
-Tensor TracerCore::place_capture_input(const Tensor& tensor, QueueId queue) const {
-  if (tensor.on_device()) return tensor;
-  return tensor.to_device(*devices_.front(), queue, Blocking::no);
+Tensor TracerCore::place_capture_input(const Tensor& tensor, QueueId queue) {
+  if (tensor.on_host()) {
+    Tensor placed = tensor.to_device(*devices_.front(), queue, Blocking::no);
+    placed_.push_back(placed.buffer().get());
+    return placed;
+  }
+  const Buffer* buffer = tensor.buffer().get();
+  if (std::find(placed_.begin(), placed_.end(), buffer) == placed_.end()) {
+    placed_.push_back(buffer);
+    return tensor;
+  }
+  // The same storage passed for two inputs: a slot of its own, or refreshing one input would
+  // overwrite the other.
+  Tensor copy = tensor.clone(queue);
+  placed_.push_back(copy.buffer().get());
+  log(LogLevel::debug, "tracer '{}': one tensor passed for two inputs; the second gets its own slot",
+      options_.name);
+  return copy;
+}
+
+void TracerCore::set_slots(std::vector<const Buffer*> buffers) {
+  std::sort(buffers.begin(), buffers.end());
+  slot_buffers_ = std::move(buffers);
+  placed_.clear();
+}
+
+bool TracerCore::needs_snapshot(const Tensor& slot, const Tensor& incoming) const {
+  if (!incoming.on_device() || incoming.buffer() == slot.buffer()) return false;
+  return std::binary_search(slot_buffers_.begin(), slot_buffers_.end(), incoming.buffer().get());
 }
 
 void TracerCore::check_output(const TreePath& path, const Tensor& tensor) const {
@@ -65,9 +110,9 @@ void TracerCore::check_output(const TreePath& path, const Tensor& tensor) const 
   const Device* device = tensor.device();
   if (device == nullptr ||
       std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
-    throw_tree_error(path, fmt::format("is on {}, which is not a device of tracer '{}'",
-                                       device ? device->name() : "a closed device",
-                                       options_.name));
+    throw_tree_error(path, fmt::format("is on {}{}, which is not a device of tracer '{}'",
+                                       tensor.buffer()->link().name,
+                                       device ? "" : " (closed)", options_.name));
   }
 }
 
@@ -87,10 +132,12 @@ void TracerCore::check_replay_input(const TreePath& path, const Tensor& slot,
                                        incoming.layout(), slot.layout()));
   }
   if (incoming.on_device() && incoming.device() != slot.device()) [[unlikely]] {
+    if (incoming.device() == nullptr) {
+      RETRACE_FAIL(failed_precondition, "{}: lives on {}, which was closed", path.describe(),
+                   incoming.buffer()->link().name);
+    }
     throw_tree_error(path, fmt::format("is on {}, but the captured input is on {}",
-                                       incoming.device() ? incoming.device()->name()
-                                                         : "a closed device",
-                                       slot.device()->name()));
+                                       incoming.device()->name(), slot.device()->name()));
   }
 }
 
@@ -151,6 +198,7 @@ void TracerCore::abort_capture(QueueId queue) noexcept {
     }
   }
   traces_.clear();
+  placed_.clear();
   begun_ = 0;
   state_ = TracerState::idle;
   log(LogLevel::debug, "tracer '{}': capture abandoned, partial traces released", options_.name);

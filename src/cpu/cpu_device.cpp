@@ -62,8 +62,6 @@ class CpuDevice final : public Device {
   }
 
   ~CpuDevice() override {
-    for (auto& queue : queues_) queue->wait_idle();
-    abandon_capture();
     close();
     queues_.clear();  // joins the workers; buffers they still hold see a closed device
   }
@@ -92,9 +90,16 @@ class CpuDevice final : public Device {
 
   void do_write(QueueId queue, const Buffer& dst, std::size_t offset,
                 std::span<const std::byte> src, Blocking blocking) override {
+    if (blocking == Blocking::yes) {
+      // After the queue's earlier work, straight from the caller's memory: no staging copy
+      // (loading weights costs their size once, not twice).
+      do_synchronize(queue);
+      if (!src.empty()) std::memcpy(static_cast<std::byte*>(dst.data()) + offset, src.data(), src.size());
+      return;
+    }
     auto program = std::make_shared<Program>();
-    auto staged = std::make_unique<std::byte[]>(src.size());
-    std::memcpy(staged.get(), src.data(), src.size());
+    auto staged = std::make_unique<std::byte[]>(std::max<std::size_t>(src.size(), 1));
+    if (!src.empty()) std::memcpy(staged.get(), src.data(), src.size());
     CopyParams params{staged.get(), static_cast<std::byte*>(dst.data()) + offset,
                       static_cast<std::int64_t>(src.size())};
     Buffer* buffers[] = {const_cast<Buffer*>(&dst)};
@@ -103,13 +108,14 @@ class CpuDevice final : public Device {
     program->retained.push_back(const_cast<Buffer&>(dst).shared_from_this());
     program->staging.push_back(std::move(staged));
     queue_at(queue).submit(std::move(program), blocking);
-    if (blocking == Blocking::yes) report_errors(queue);
   }
 
   void do_read(QueueId queue, const Buffer& src, std::size_t offset,
                std::span<std::byte> dst) override {
     do_synchronize(queue);
-    std::memcpy(dst.data(), static_cast<const std::byte*>(src.data()) + offset, dst.size());
+    if (!dst.empty()) {
+      std::memcpy(dst.data(), static_cast<const std::byte*>(src.data()) + offset, dst.size());
+    }
   }
 
   void do_enqueue(QueueId queue, const KernelLaunch& launch) override {
@@ -173,6 +179,17 @@ class CpuDevice final : public Device {
     }
     memory_.release_pool(trace.info.id);
     trace.program.reset();
+  }
+
+  // A capturing queue records into its trace: waiting for it only waits for the work it ran
+  // before the capture began.
+  void do_reclaim() noexcept override {
+    for (auto& queue : queues_) queue->wait_idle();
+  }
+
+  void do_shutdown() noexcept override {
+    do_reclaim();
+    abandon_capture();
   }
 
   void do_fill_stats(DeviceStats& stats) const override {

@@ -311,11 +311,9 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
+    close();
     (void)cudaSetDevice(options_.ordinal);
     RelaxedCapture relaxed;
-    abandon_capture();  // before anything waits on the capturing stream
-    for (auto& queue : queues_) (void)cudaStreamSynchronize(queue->stream);
-    close();
     for (auto& queue : queues_) {
       queue->replayed.clear();
       queue->pending.clear();
@@ -630,6 +628,30 @@ class CudaDevice final : public Device {
     trace.blas_workspace.reset();
     arena_.release_pool(trace.info.id);
     domains_.give_back(trace.domain);
+  }
+
+  void do_reclaim() noexcept override {
+    (void)cudaSetDevice(options_.ordinal);
+    RelaxedCapture relaxed;
+    for (auto& queue : queues_) {
+      std::lock_guard lock(queue->mutex);
+      if (queue->capture) continue;  // a capturing stream cannot be waited on
+      if (cudaStreamSynchronize(queue->stream) != cudaSuccess) {
+        (void)cudaGetLastError();  // reported by the queue's next synchronize
+        continue;
+      }
+      queue->pending.clear();
+      queue->pending_commands = 0;
+      for (auto& batch : queue->in_flight) queue->spare_events.push_back(batch.event);
+      queue->in_flight.clear();
+    }
+  }
+
+  void do_shutdown() noexcept override {
+    (void)cudaSetDevice(options_.ordinal);
+    RelaxedCapture relaxed;
+    abandon_capture();  // before anything waits on the capturing stream
+    for (auto& queue : queues_) (void)cudaStreamSynchronize(queue->stream);
   }
 
   void do_fill_stats(DeviceStats& stats) const override {

@@ -8,14 +8,7 @@
 namespace retrace::ops::detail {
 
 Device& device_of(const Tensor& tensor, std::string_view op, std::string_view argument) {
-  tensor.check_not_null(op, argument);
-  RETRACE_CHECK(tensor.on_device(), invalid_argument,
-                "{}: {} is a host tensor; move it to a device with to_device() first", op,
-                argument);
-  Device* device = tensor.device();
-  RETRACE_CHECK(device != nullptr, failed_precondition, "{}: {} lives on a device that was closed",
-                op, argument);
-  return *device;
+  return tensor.require_device(op, argument);
 }
 
 void check_matches(const Tensor& a, std::string_view a_name, const Tensor& b,
