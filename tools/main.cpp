@@ -1,9 +1,15 @@
 // retrace: the command line. `retrace demo` runs the traced denoising loop of the example DiT
 // (what `make demo` runs); `retrace inspect` captures one step and prints its trace; `retrace
 // bench` compares eager, traced and the kernel-library floor.
+//
+// Exit status: 0 success; 1 a check failed (traced != eager, a peer disagreed); 2 a usage
+// error or an error raised while running (one line on stderr, "retrace: ..."); 3 the device
+// asked for cannot be used on this machine.
 #include "model_options.hpp"
 
 #include <cstdio>
+#include <exception>
+#include <new>
 
 namespace retrace::cli {
 int run_demo(ModelOptions& options);
@@ -12,39 +18,89 @@ int run_bench(const std::string& json_path, const std::string& plot_path,
               const std::vector<std::string>& sizes, int repeats, std::int64_t steps);
 }  // namespace retrace::cli
 
+namespace {
+
+constexpr int kUsageError = 2;
+
+int fail(const std::string& message, int status = kUsageError) {
+  std::fprintf(stderr, "retrace: %s\n", message.c_str());
+  return status;
+}
+
+// An unknown first word is named (CLI11 alone would only say a subcommand is required).
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return {};
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (sub->get_name() == argv[1]) return {};
+  }
+  return argv[1];
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"retrace: capture device work once, replay it safely"};
-  app.require_subcommand(1);
-  retrace::cli::ModelOptions demo_options, inspect_options;
-  inspect_options.config.depth = 2;
-  std::string dot_path;
-  CLI::App* demo = app.add_subcommand(
-      "demo", "denoising loop of a small diffusion transformer, eager and traced, compared");
-  retrace::cli::add_model_options(*demo, demo_options);
-  CLI::App* inspect = app.add_subcommand("inspect", "capture one denoising step, print its trace");
-  retrace::cli::add_model_options(*inspect, inspect_options);
-  inspect->add_option("--dot", dot_path, "write a Graphviz graph of the trace to this file");
-  std::string json_path, plot_path;
-  std::vector<std::string> sizes{"S", "M", "L"};
-  int repeats = 5;
-  std::int64_t steps = 3;
-  CLI::App* bench = app.add_subcommand(
-      "bench", "one denoising step: eager vs traced vs the kernel-library floor, 1 and 2 threads");
-  bench->add_option("--json", json_path, "write the results as JSON");
-  bench->add_option("--plot", plot_path, "write a PNG chart (needs gnuplot)");
-  bench->add_option("--sizes", sizes, "sizes to run: S, M, L")->delimiter(',');
-  bench->add_option("--repeats", repeats, "rounds per mode")->check(CLI::PositiveNumber);
-  bench->add_option("--steps", steps, "steps per round")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
   try {
+    CLI::App app{"retrace: capture device work once, replay it safely"};
+    app.require_subcommand(1);
+    retrace::cli::ModelOptions demo_options, inspect_options;
+    inspect_options.config.depth = 2;
+    std::string dot_path;
+    CLI::App* demo = app.add_subcommand(
+        "demo", "denoising loop of a small diffusion transformer, eager and traced, compared");
+    retrace::cli::add_model_options(*demo, demo_options);
+    CLI::App* inspect =
+        app.add_subcommand("inspect", "capture one denoising step, print its trace");
+    retrace::cli::add_model_options(*inspect, inspect_options);
+    inspect->add_option("--dot", dot_path, "write a Graphviz graph of the trace to this file");
+    std::string json_path, plot_path;
+    std::vector<std::string> sizes{"S", "M", "L"};
+    int repeats = 5;
+    std::int64_t steps = 3;
+    CLI::App* bench = app.add_subcommand(
+        "bench",
+        "one denoising step: eager vs traced vs the kernel-library floor, 1 and 2 threads");
+    bench->add_option("--json", json_path, "write the results as JSON");
+    bench->add_option("--plot", plot_path, "write a PNG chart (needs gnuplot)");
+    bench->add_option("--sizes", sizes, "sizes to run: S, M, L")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"S", "M", "L"}));
+    bench->add_option("--repeats", repeats, "rounds per mode")
+        ->check(retrace::cli::whole_number(1, 10000));
+    bench->add_option("--steps", steps, "steps per round")
+        ->check(retrace::cli::whole_number(1, 10000));
+
+    if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+      return fail(fmt::format("unknown command '{}' (commands: demo, inspect, bench; see "
+                              "retrace --help)",
+                              unknown));
+    }
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+      return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      return fail(fmt::format("{} (see retrace --help)", e.what()));
+    }
     if (*demo) return retrace::cli::run_demo(demo_options);
     if (*bench) return retrace::cli::run_bench(json_path, plot_path, sizes, repeats, steps);
     return retrace::cli::run_inspect(inspect_options, dot_path);
-  } catch (const retrace::Error& e) {
-    std::fprintf(stderr, "retrace: %s\n", e.what());
-    return 2;
   } catch (const retrace::cli::DeviceUnavailable& e) {
-    std::fprintf(stderr, "retrace: %s\n", e.what());
-    return 3;
+    return fail(e.what(), 3);
+  } catch (const retrace::Error& e) {
+    return fail(e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("out of host memory (an allocation failed); try a smaller --tokens or --hidden, "
+                "or raise the memory limit");
+  } catch (const std::length_error& e) {
+    return fail(fmt::format("out of host memory: a container would exceed its maximum size ({})",
+                            e.what()));
+  } catch (const std::exception& e) {
+    return fail(fmt::format("unexpected error: {}", e.what()));
+  } catch (...) {
+    return fail("unexpected error of an unknown type");
   }
 }

@@ -5,23 +5,41 @@
 #include <retrace/cuda.hpp>
 #endif
 
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 
 namespace retrace::cli {
 
+CLI::Validator whole_number(std::int64_t min, std::int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        std::int64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, error] = std::from_chars(text.data(), end, value);
+        if (error == std::errc() && ptr == end && value >= min && value <= max) return {};
+        return fmt::format("must be a whole number from {} to {}, got '{}'", min, max, text);
+      },
+      fmt::format("INT in [{}, {}]", min, max));
+}
+
 void add_model_options(CLI::App& app, ModelOptions& o) {
-  app.add_option("--steps", o.steps, "Euler steps of the sampler")->check(CLI::PositiveNumber);
+  // Bounds the model accepts (DiTConfig): sizes far beyond any machine's memory are refused
+  // here with a clear line instead of overflowing a size computation later.
+  constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+  app.add_option("--steps", o.steps, "Euler steps of the sampler")->check(whole_number(1, 1000000));
   app.add_option("--tokens", o.config.tokens, "tokens (the first resolution)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--hidden", o.config.hidden, "token width C")->check(CLI::PositiveNumber);
-  app.add_option("--depth", o.config.depth, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.config.heads, "attention heads")->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxSize));
+  app.add_option("--hidden", o.config.hidden, "token width C")->check(whole_number(2, kMaxSize));
+  app.add_option("--depth", o.config.depth, "transformer blocks")->check(whole_number(1, 4096));
+  app.add_option("--heads", o.config.heads, "attention heads")->check(whole_number(1, kMaxSize));
   app.add_option("--dtype", o.dtype, "float32 or bfloat16")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--weights", o.weights, ".safetensors file with DiT weights")
       ->check(CLI::ExistingFile);
-  app.add_option("--seed", o.config.seed, "seed of the random weights and latents");
+  app.add_option("--seed", o.config.seed, "seed of the random weights and latents")
+      ->check(whole_number(0, INT64_MAX));
 }
 
 std::unique_ptr<Device> open_device(const ModelOptions& options) {
@@ -47,7 +65,7 @@ std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {
   options.config.dtype = options.dtype == "bfloat16" ? DType::bfloat16 : DType::float32;
   if (options.weights.empty()) return std::make_unique<models::DiT>(options.config, device);
   return std::make_unique<models::DiT>(options.config, device,
-                                       models::read_safetensors(options.weights));
+                                       models::load_safetensors(options.weights, device));
 }
 
 std::string human_bytes(std::size_t bytes) {

@@ -21,6 +21,10 @@ struct ModelOptions {
 
 void add_model_options(CLI::App& app, ModelOptions& options);
 
+// "must be a whole number from MIN to MAX": checked before CLI11 converts the text, so a
+// usage error names the option and the allowed range in words a person would write.
+CLI::Validator whole_number(std::int64_t min, std::int64_t max);
+
 // The device asked for cannot be used on this machine (exit status 3).
 struct DeviceUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -53,6 +53,16 @@ std::vector<std::pair<std::string, Shape>> DiT::weight_shapes(const DiTConfig& c
 void DiT::check_config() const {
   RETRACE_CHECK(config_.tokens > 0 && config_.hidden > 0 && config_.depth > 0 && config_.heads > 0,
                 invalid_argument, "DiT: tokens, hidden, depth and heads must be positive");
+  // Bounds that keep every size the model computes (6 * hidden, tokens * hidden, ...) far from
+  // overflowing; a model near them would not fit in any memory anyway.
+  constexpr std::int64_t kLimit = std::int64_t{1} << 24;
+  for (const auto& [name, value] : {std::pair{"tokens", config_.tokens},
+                                    std::pair{"hidden", config_.hidden},
+                                    std::pair{"depth", config_.depth},
+                                    std::pair{"heads", config_.heads}}) {
+    RETRACE_CHECK(value <= kLimit, invalid_argument, "DiT: {} = {} is too large (at most {})",
+                  name, value, kLimit);
+  }
   RETRACE_CHECK(config_.hidden % config_.heads == 0 && config_.hidden % 2 == 0, invalid_argument,
                 "DiT: hidden ({}) must be even and divisible by heads ({})", config_.hidden,
                 config_.heads);
