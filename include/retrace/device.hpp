@@ -1,18 +1,16 @@
-// Device: the runtime-neutral interface every backend implements (DESIGN.md §2).
+// Device: memory, in-order command queues, and traces of the work enqueued on a queue, replayed
+// later without re-dispatching a single op. The same class for every backend (the CPU device,
+// CUDA); open one by name with retrace::open_device (retrace/registry.hpp) or with a backend's
+// own function (open_cpu_device, open_cuda_device):
 //
-// A device owns memory (Buffers with stable addresses), runs work on in-order command queues
-// asynchronously to the host, and can record the work enqueued on a queue into a trace that is
-// replayed later without re-dispatching a single op:
-//
-//   auto device = retrace::open_cpu_device();
-//   device->begin_trace_capture(retrace::QueueId{0});
+//   auto device = retrace::open_device("cpu");
+//   device->begin_trace_capture(retrace::kDefaultQueue);
 //   auto y = retrace::ops::add(x, 1.0);            // recorded, not executed
-//   retrace::TraceId trace = device->end_trace_capture(retrace::QueueId{0});
-//   device->execute_trace(trace, retrace::QueueId{0}, retrace::Blocking::yes);  // y = x + 1
+//   retrace::TraceId trace = device->end_trace_capture(retrace::kDefaultQueue);
+//   device->execute_trace(trace, retrace::kDefaultQueue, retrace::Blocking::yes);  // y = x + 1
 //   device->release_trace(trace);
 //
-// Public methods check their arguments and the device state, then call a protected hook that
-// the backend implements. Rules every backend follows:
+// Rules every backend follows (docs/contract.md has the whole contract):
 //  - Captures are thread-local: a capture is ended on the thread that began it. On the
 //    capturing thread, host reads and writes, synchronize, blocking replays and events are
 //    capture violations while the capture is in progress; the capture stays open and the device
@@ -50,22 +48,24 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
 namespace retrace {
 
+class Backend;
+class BackendTrace;
 class Device;
+struct DeviceOptions;
 
 namespace detail {
+class EventState;
+struct DeviceCore;
+
 // Shared by a device and every handle that refers to it, so handles can outlive the device
 // safely: the device clears `device` when it closes; the name and uid stay for messages.
 struct DeviceLink {
@@ -91,19 +91,10 @@ class DefaultQueueScope {
   QueueId previous_;
 };
 
-// What a backend knows about one allocation.
-struct BlockInfo {
-  void* data = nullptr;          // pointer the backend's kernels use
-  std::uint64_t address = 0;     // stable address a trace bakes in
-  std::size_t size = 0;          // bytes usable by the caller
-  std::optional<TraceId> trace;  // the trace pool the block came from, if any
-};
-
 // A block of device memory, shared by tensors through std::shared_ptr and returned to the
-// device when the last owner drops it.
+// device when the last owner drops it. Made only by Device::allocate.
 class Buffer : public std::enable_shared_from_this<Buffer> {
  public:
-  Buffer(std::shared_ptr<detail::DeviceLink> link, BlockInfo block) noexcept;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer();
@@ -111,34 +102,31 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   // nullptr once the device has been closed.
   [[nodiscard]] Device* device() const noexcept { return link_->device.load(); }
   [[nodiscard]] const detail::DeviceLink& link() const noexcept { return *link_; }
-  [[nodiscard]] std::uint64_t address() const noexcept { return block_.address; }
-  [[nodiscard]] std::size_t size() const noexcept { return block_.size; }
-  [[nodiscard]] void* data() const noexcept { return block_.data; }
+  // Stable address a trace bakes in.
+  [[nodiscard]] std::uint64_t address() const noexcept { return address_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  // The pointer the backend's kernels use (host memory only on host-visible devices).
+  [[nodiscard]] void* data() const noexcept { return data_; }
   // The trace whose capture allocated the buffer (still set after that trace is released).
-  [[nodiscard]] std::optional<TraceId> trace() const noexcept { return block_.trace; }
-  [[nodiscard]] const BlockInfo& block() const noexcept { return block_; }
+  [[nodiscard]] std::optional<TraceId> trace() const noexcept { return trace_; }
 
  private:
-  std::shared_ptr<detail::DeviceLink> link_;
-  BlockInfo block_;
-};
+  friend class Device;
+  Buffer(std::shared_ptr<detail::DeviceLink> link, void* data, std::uint64_t address,
+         std::size_t size, std::optional<TraceId> trace) noexcept;
 
-namespace detail {
-class EventState {
- public:
-  virtual ~EventState() = default;
-  [[nodiscard]] virtual bool is_complete() const = 0;
-  virtual void wait() const = 0;
+  std::shared_ptr<detail::DeviceLink> link_;
+  void* data_;
+  std::uint64_t address_;
+  std::size_t size_;
+  std::optional<TraceId> trace_;
 };
-}  // namespace detail
 
 // A point in a queue's work. Recorded with Device::record_event, waited on by another queue
 // (Device::wait_event) or the host (synchronize).
 class Event {
  public:
   Event() = default;
-  Event(std::shared_ptr<detail::EventState> state, std::shared_ptr<detail::DeviceLink> link,
-        QueueId queue) noexcept;
 
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
   [[nodiscard]] QueueId queue() const noexcept { return queue_; }
@@ -147,11 +135,12 @@ class Event {
   [[nodiscard]] bool is_complete() const;
   // Host waits until the queue has passed the event. A capture violation during a capture.
   void synchronize() const;
-  [[nodiscard]] const std::shared_ptr<detail::EventState>& state() const noexcept {
-    return state_;
-  }
 
  private:
+  friend class Device;
+  Event(std::shared_ptr<detail::EventState> state, std::shared_ptr<detail::DeviceLink> link,
+        QueueId queue) noexcept;
+
   std::shared_ptr<detail::EventState> state_;
   std::shared_ptr<detail::DeviceLink> link_;
   QueueId queue_{};
@@ -165,7 +154,7 @@ struct DeviceStats {
   std::size_t trace_region_bytes = 0;   // limit on trace_bytes
   std::size_t live_buffers = 0;
   std::size_t live_traces = 0;
-  std::uint64_t commands_executed = 0;  // kernels run, eager and replayed
+  std::uint64_t commands_executed = 0;  // kernels submitted to run, eager and replayed
   std::uint64_t traces_executed = 0;
 };
 
@@ -173,8 +162,8 @@ struct TraceInfo {
   TraceId id{};
   QueueId captured_on{};
   std::size_t commands = 0;
-  std::size_t bytes = 0;          // private pool memory reserved by the trace
-  std::size_t pool_buffers = 0;   // buffers allocated during the capture
+  std::size_t bytes = 0;             // private pool memory reserved by the trace
+  std::size_t pool_buffers = 0;      // buffers allocated during the capture
   std::size_t external_buffers = 0;  // buffers from outside the pool that the trace uses
   std::vector<std::string_view> ops;  // op name of each command, in recorded order
   // Addresses of the buffers each command reads or writes (for listings and graphs).
@@ -188,29 +177,28 @@ enum class Capability : std::uint8_t {
   host_visible_memory,  // Buffer::data() is readable by the host
 };
 
-// Backend-owned trace object; the device base keeps the registry.
-class TraceBase {
- public:
-  virtual ~TraceBase() = default;
-  TraceInfo info;
-};
-
-class Device {
+class Device final {
  public:
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
-  virtual ~Device();
+  ~Device();  // closes
 
   [[nodiscard]] DeviceId id() const noexcept { return id_; }
   // Unique in the process and never reused, unlike the address of the Device object.
   [[nodiscard]] std::uint64_t uid() const noexcept { return link_->uid; }
-  [[nodiscard]] std::string_view backend() const noexcept { return backend_; }
-  [[nodiscard]] const std::string& name() const noexcept { return name_; }  // "cpu:0"
+  [[nodiscard]] std::string_view backend() const noexcept { return backend_name_; }
+  [[nodiscard]] const std::string& name() const noexcept { return link_->name; }  // "cpu:0"
   [[nodiscard]] std::uint32_t num_queues() const noexcept { return num_queues_; }
-  [[nodiscard]] virtual bool supports(Capability capability) const noexcept = 0;
+  [[nodiscard]] bool supports(Capability capability) const noexcept;
+  // Whether the device has an implementation of the kernel. An op whose kernel (or dtype, or
+  // size) a device lacks raises an `unimplemented` error naming the op and the device.
+  [[nodiscard]] bool supports(KernelId kernel) const noexcept;
+  // "queue 1 of cpu:0"
+  [[nodiscard]] std::string queue_label(QueueId queue) const;
 
   // --- memory -------------------------------------------------------------------------------
-  // Size 0 is allowed and still yields a distinct address.
+  // Size 0 is allowed and still yields a distinct address. On the capturing thread the buffer
+  // comes from the trace's private pool.
   [[nodiscard]] std::shared_ptr<Buffer> allocate(std::size_t bytes);
 
   // --- work ---------------------------------------------------------------------------------
@@ -235,7 +223,7 @@ class Device {
   [[nodiscard]] bool has_trace(TraceId trace) const;
   [[nodiscard]] TraceInfo trace_info(TraceId trace) const;
   [[nodiscard]] std::vector<TraceId> live_traces() const;
-  [[nodiscard]] bool is_capturing() const noexcept { return capturing_.load(); }
+  [[nodiscard]] bool is_capturing() const noexcept;
   [[nodiscard]] std::optional<TraceId> capturing_trace(QueueId queue) const;
   // Throws a capture violation naming `what` if this thread is capturing on this device.
   void check_not_capturing(std::string_view what) const;
@@ -253,58 +241,31 @@ class Device {
   // Shared with every handle that refers to the device, so it can tell whether it is still open.
   [[nodiscard]] const std::shared_ptr<detail::DeviceLink>& link() const noexcept { return link_; }
 
- protected:
-  Device(std::string_view backend, DeviceId id, std::uint32_t num_queues);
-
-  // Hooks. Arguments are validated before they are called; the capture in progress (if any)
-  // is passed where it matters.
-  virtual BlockInfo do_allocate(std::size_t bytes, std::optional<TraceId> capture) = 0;
-  virtual void do_free(const BlockInfo& block) noexcept = 0;
-  virtual void do_write(QueueId queue, const Buffer& dst, std::size_t offset,
-                        std::span<const std::byte> src, Blocking blocking) = 0;
-  virtual void do_read(QueueId queue, const Buffer& src, std::size_t offset,
-                       std::span<std::byte> dst) = 0;
-  virtual void do_enqueue(QueueId queue, const KernelLaunch& launch) = 0;
-  virtual void do_synchronize(QueueId queue) = 0;
-  virtual std::shared_ptr<detail::EventState> do_record_event(QueueId queue) = 0;
-  virtual void do_wait_event(QueueId queue, const Event& event) = 0;
-  virtual void do_begin_capture(QueueId queue, TraceId trace) = 0;
-  // If it throws, the backend has discarded the capture (and its pool); the queue is free again.
-  virtual std::shared_ptr<TraceBase> do_end_capture(QueueId queue) = 0;
-  virtual void do_execute_trace(TraceBase& trace, QueueId queue, Blocking blocking) = 0;
-  virtual void do_release_trace(TraceBase& trace) noexcept = 0;
-  virtual void do_fill_stats(DeviceStats& stats) const = 0;
-  // Waits for all queued work and drops finished work's references, so buffers whose handles
-  // are gone return to the allocator; called before an allocation reports out_of_memory. Skips
-  // a queue that is capturing. Failures stay sticky for the next report.
-  virtual void do_reclaim() noexcept = 0;
-  // First step of close(): waits for queued work and drops a capture in progress (with its
-  // pool). The base releases the traces afterwards.
-  virtual void do_shutdown() noexcept = 0;
-
-  [[nodiscard]] std::string queue_label(QueueId queue) const;  // "queue 1 of cpu:0"
+  // The backend behind the device (see retrace/backend.hpp: backend_of<B>(device)).
+  [[nodiscard]] Backend& backend_impl() const noexcept;
 
  private:
   friend class Buffer;
+  friend class Event;
+  friend std::unique_ptr<Device> make_device(std::unique_ptr<Backend>, const DeviceOptions&);
+  friend BackendTrace* backend_trace(Device&, TraceId);
+  Device(std::unique_ptr<Backend> backend, const DeviceOptions& options);
+
+  void free_buffer(const Buffer& buffer) noexcept;
+  [[nodiscard]] std::shared_ptr<Buffer> allocate_block(std::size_t bytes,
+                                                       std::optional<TraceId> capture);
   // The queue kDefaultQueue stands for, checked to exist; throws if the device is closed.
   QueueId resolve_queue(QueueId queue, std::string_view what) const;
   void require_open(std::string_view what) const;
-  void check_queue(QueueId queue, std::string_view what) const;
   void check_own_buffer(const Buffer& buffer, std::string_view what) const;
-  std::shared_ptr<TraceBase> find_trace(TraceId trace, std::string_view what) const;
+  void record_command(const KernelLaunch& launch);
+  void report_memory_damage();
 
-  std::string backend_;
+  std::string backend_name_;
   DeviceId id_;
-  std::string name_;
   std::uint32_t num_queues_;
   std::shared_ptr<detail::DeviceLink> link_;
-
-  mutable std::mutex mutex_;  // guards the fields below
-  std::atomic<bool> capturing_{false};
-  std::optional<QueueId> capture_queue_;
-  TraceId capture_trace_{};
-  std::thread::id capture_thread_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<TraceBase>> traces_;
+  std::unique_ptr<detail::DeviceCore> core_;
 };
 
 }  // namespace retrace

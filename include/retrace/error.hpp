@@ -24,6 +24,7 @@ enum class ErrorCategory {
   capture_violation,    // an operation that a trace capture forbids
   out_of_memory,        // device memory or the trace region is exhausted
   device_error,         // queued work failed on the device
+  unimplemented,        // the device has no kernel for this (an op, a dtype, a size)
 };
 
 [[nodiscard]] std::string_view category_name(ErrorCategory category) noexcept;

@@ -19,25 +19,45 @@ namespace retrace {
 
 class Buffer;
 
+// Every kernel, once: its id and its parameter struct. The KernelId enum, kernel_name(), the
+// params-to-kernel mapping of make_launch and each backend's kernel table are generated from
+// this list, so a kernel cannot lack a name, and a backend that lacks an entry for it does not
+// compile (a backend that does not implement one says so explicitly in its table).
+#define RETRACE_KERNEL_LIST(X)          \
+  X(fill, FillParams)                   \
+  X(copy, CopyParams)                   \
+  X(binary, BinaryParams)               \
+  X(binary_scalar, BinaryScalarParams)  \
+  X(assert_finite, AssertFiniteParams)  \
+  X(unary, UnaryParams)                 \
+  X(reduce, ReduceParams)               \
+  X(softmax, SoftmaxParams)             \
+  X(norm, NormParams)                   \
+  X(matmul, MatmulParams)               \
+  X(strided_copy, StridedCopyParams)    \
+  X(typecast, TypecastParams)           \
+  X(tilize, TilizeParams)               \
+  X(attention, AttentionParams)
+
 enum class KernelId : std::uint16_t {
-  fill,            // FillParams
-  copy,            // CopyParams
-  binary,          // BinaryParams
-  binary_scalar,   // BinaryScalarParams
-  assert_finite,   // AssertFiniteParams
-  unary,           // UnaryParams
-  reduce,          // ReduceParams
-  softmax,         // SoftmaxParams
-  norm,            // NormParams
-  matmul,          // MatmulParams
-  strided_copy,    // StridedCopyParams
-  typecast,        // TypecastParams
-  tilize,          // TilizeParams
-  attention,       // AttentionParams
+#define RETRACE_KERNEL_ENUM(name, params) name,
+  RETRACE_KERNEL_LIST(RETRACE_KERNEL_ENUM)
+#undef RETRACE_KERNEL_ENUM
   count_,
 };
+inline constexpr std::size_t kKernelCount = static_cast<std::size_t>(KernelId::count_);
 
-[[nodiscard]] std::string_view kernel_name(KernelId id) noexcept;
+[[nodiscard]] constexpr std::string_view kernel_name(KernelId id) noexcept {
+  switch (id) {
+#define RETRACE_KERNEL_NAME(name, params) \
+  case KernelId::name:                    \
+    return #name;
+    RETRACE_KERNEL_LIST(RETRACE_KERNEL_NAME)
+#undef RETRACE_KERNEL_NAME
+    case KernelId::count_: break;
+  }
+  return "unknown";
+}
 
 inline constexpr std::size_t kMaxKernelParamsBytes = 240;
 // Iteration spaces handed to kernels are collapsed to at most this many dimensions.
@@ -197,6 +217,25 @@ struct AttentionParams {
   DType dtype;
 };
 
+// The kernel that takes each parameter struct (and the struct of each kernel).
+template <class Params>
+struct KernelOf;
+template <KernelId K>
+struct KernelParams;
+#define RETRACE_KERNEL_PARAMS(name, params)                                 \
+  template <>                                                               \
+  struct KernelOf<params> {                                                 \
+    static constexpr KernelId value = KernelId::name;                       \
+  };                                                                        \
+  template <>                                                               \
+  struct KernelParams<KernelId::name> {                                     \
+    using type = params;                                                    \
+  };
+RETRACE_KERNEL_LIST(RETRACE_KERNEL_PARAMS)
+#undef RETRACE_KERNEL_PARAMS
+template <KernelId K>
+using KernelParamsOf = typename KernelParams<K>::type;
+
 struct KernelLaunch {
   KernelId kernel;
   const char* op;  // the op's name ("add"), a string literal; errors and trace listings use it
@@ -207,12 +246,13 @@ struct KernelLaunch {
   std::span<Buffer* const> buffers;
 };
 
+// The launch of the kernel that takes `Params` (the kernel follows from the params type).
 template <class Params>
-[[nodiscard]] KernelLaunch make_launch(KernelId id, const char* op, const Params& params,
+[[nodiscard]] KernelLaunch make_launch(const char* op, const Params& params,
                                        std::span<Buffer* const> buffers) noexcept {
   static_assert(std::is_trivially_copyable_v<Params>, "kernel params must be trivially copyable");
   static_assert(sizeof(Params) <= kMaxKernelParamsBytes, "kernel params too large");
-  return KernelLaunch{id, op, &params, sizeof(Params), buffers};
+  return KernelLaunch{KernelOf<Params>::value, op, &params, sizeof(Params), buffers};
 }
 
 }  // namespace retrace

@@ -1,4 +1,4 @@
-// Arena: a device's memory allocator and its per-trace private pools, shared by the backends.
+// Arena: a device's memory allocator and its per-trace private pools, owned by the device core.
 //
 // The backend hands over one region (the CPU device: an mmap'd range; the CUDA device: one
 // cudaMalloc); blocks are carved first-fit from an ordered free list and coalesced on free, so
@@ -25,6 +25,14 @@
 #include <vector>
 
 namespace retrace::detail {
+
+// What the allocator knows about one allocation.
+struct BlockInfo {
+  void* data = nullptr;          // pointer the backend's kernels use
+  std::uint64_t address = 0;     // stable address a trace bakes in
+  std::size_t size = 0;          // bytes usable by the caller
+  std::optional<TraceId> trace;  // the trace pool the block came from, if any
+};
 
 // "1.50 MiB": byte counts in messages.
 [[nodiscard]] std::string human_bytes(std::size_t bytes);

@@ -13,6 +13,7 @@ std::string_view category_name(ErrorCategory category) noexcept {
     case ErrorCategory::capture_violation: return "capture violation";
     case ErrorCategory::out_of_memory: return "out of memory";
     case ErrorCategory::device_error: return "device error";
+    case ErrorCategory::unimplemented: return "unimplemented";
   }
   return "unknown";
 }

@@ -4,6 +4,8 @@
 #include "cpu/kernels_internal.hpp"
 #include "retrace/error.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -36,40 +38,51 @@ KernelFn resolve_fill(DType dtype) {
   return dispatch_dtype(dtype, []<class T>(T) -> KernelFn { return &fill_kernel<T>; });
 }
 
-KernelFn resolve_assert_finite(DType dtype) {
-  switch (dtype) {
+}  // namespace
+
+KernelFn resolve(const FillParams& p) { return resolve_fill(p.dtype); }
+KernelFn resolve(const CopyParams&) { return &copy_kernel; }
+KernelFn resolve(const AssertFiniteParams& p) {
+  switch (p.dtype) {
     case DType::float32: return &assert_finite_kernel<float>;
     case DType::bfloat16: return &assert_finite_kernel<bfloat16>;
     default:
       RETRACE_FAIL(invalid_argument, "assert_finite: dtype {} is not a floating point type",
-                   dtype);
+                   p.dtype);
   }
 }
 
+namespace {
+
+using Resolver = KernelFn (*)(const std::byte* params);
+
+template <KernelId K>
+KernelFn resolve_entry(const std::byte* params) {
+  return resolve(params_as<KernelParamsOf<K>>(params));
+}
+
+// One entry per kernel of RETRACE_KERNEL_LIST: a kernel without a `resolve` overload for its
+// parameters does not compile.
+constexpr std::array<Resolver, kKernelCount> kKernels = {
+#define RETRACE_CPU_KERNEL(name, params) &resolve_entry<KernelId::name>,
+    RETRACE_KERNEL_LIST(RETRACE_CPU_KERNEL)
+#undef RETRACE_CPU_KERNEL
+};
+static_assert(std::all_of(kKernels.begin(), kKernels.end(), [](Resolver r) { return r != nullptr; }),
+              "the CPU device implements every kernel");
+
 }  // namespace
 
+bool cpu_supports(KernelId kernel) noexcept {
+  const auto index = static_cast<std::size_t>(kernel);
+  return index < kKernelCount && kKernels[index] != nullptr;
+}
+
 KernelFn resolve_kernel(const KernelLaunch& launch) {
-  const auto* raw = static_cast<const std::byte*>(launch.params);
-  switch (launch.kernel) {
-    case KernelId::fill: return resolve_fill(params_as<FillParams>(raw).dtype);
-    case KernelId::copy: return &copy_kernel;
-    case KernelId::binary: return resolve_binary(params_as<BinaryParams>(raw));
-    case KernelId::binary_scalar: return resolve_binary_scalar(params_as<BinaryScalarParams>(raw));
-    case KernelId::assert_finite:
-      return resolve_assert_finite(params_as<AssertFiniteParams>(raw).dtype);
-    case KernelId::unary: return resolve_unary(params_as<UnaryParams>(raw));
-    case KernelId::reduce: return resolve_reduce(params_as<ReduceParams>(raw));
-    case KernelId::softmax: return resolve_softmax(params_as<SoftmaxParams>(raw));
-    case KernelId::norm: return resolve_norm(params_as<NormParams>(raw));
-    case KernelId::matmul: return resolve_matmul(params_as<MatmulParams>(raw));
-    case KernelId::strided_copy: return resolve_strided_copy(params_as<StridedCopyParams>(raw));
-    case KernelId::typecast: return resolve_typecast(params_as<TypecastParams>(raw));
-    case KernelId::tilize: return resolve_tilize(params_as<TilizeParams>(raw));
-    case KernelId::attention: return resolve_attention(params_as<AttentionParams>(raw));
-    case KernelId::count_: break;
-  }
-  RETRACE_FAIL(invalid_argument, "{}: the CPU device has no kernel {}", launch.op,
-               static_cast<int>(launch.kernel));
+  const auto index = static_cast<std::size_t>(launch.kernel);
+  RETRACE_CHECK(index < kKernelCount, unimplemented, "{}: the CPU device has no kernel {}",
+                launch.op, index);
+  return kKernels[index](static_cast<const std::byte*>(launch.params));
 }
 
 }  // namespace retrace::cpu

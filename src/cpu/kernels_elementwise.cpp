@@ -84,7 +84,7 @@ KernelFn binary_for_dtype(DType dtype) {
     case DType::uint8:
       break;
   }
-  RETRACE_FAIL(invalid_argument, "no CPU kernel for a binary op on {}", dtype);
+  RETRACE_FAIL(unimplemented, "the CPU device has no binary kernel for {}", dtype);
 }
 
 template <BinaryOp op, class T>
@@ -125,20 +125,20 @@ KernelFn unary_for_dtype(DType dtype) {
     default:
       break;
   }
-  RETRACE_FAIL(invalid_argument, "no CPU kernel for a unary op on {}", dtype);
+  RETRACE_FAIL(unimplemented, "the CPU device has no unary kernel for {}", dtype);
 }
 
 }  // namespace
 
-KernelFn resolve_binary(const BinaryParams& p) {
+KernelFn resolve(const BinaryParams& p) {
   return binary_for<BinaryK>(p.op, p.dtype);
 }
 
-KernelFn resolve_binary_scalar(const BinaryScalarParams& p) {
+KernelFn resolve(const BinaryScalarParams& p) {
   return binary_for<BinaryScalarK>(p.op, p.dtype);
 }
 
-KernelFn resolve_unary(const UnaryParams& p) {
+KernelFn resolve(const UnaryParams& p) {
   switch (p.op) {
     case UnaryOp::neg:
       return unary_for_dtype<UnaryOp::neg>(p.dtype);

@@ -50,19 +50,22 @@ KernelFn float_kernel(const P& p, std::string_view what) {
     case DType::bfloat16: return [](const std::byte* raw) { K<bfloat16>::run(raw); };
     default: break;
   }
-  RETRACE_FAIL(invalid_argument, "no CPU {} kernel for {}", what, p.dtype);
+  RETRACE_FAIL(unimplemented, "the CPU device has no {} kernel for {}", what, p.dtype);
 }
 
-KernelFn resolve_binary(const BinaryParams& p);
-KernelFn resolve_binary_scalar(const BinaryScalarParams& p);
-KernelFn resolve_unary(const UnaryParams& p);
-KernelFn resolve_reduce(const ReduceParams& p);
-KernelFn resolve_softmax(const SoftmaxParams& p);
-KernelFn resolve_norm(const NormParams& p);
-KernelFn resolve_matmul(const MatmulParams& p);
-KernelFn resolve_attention(const AttentionParams& p);
-KernelFn resolve_strided_copy(const StridedCopyParams& p);
-KernelFn resolve_typecast(const TypecastParams& p);
-KernelFn resolve_tilize(const TilizeParams& p);
+KernelFn resolve(const FillParams& p);
+KernelFn resolve(const CopyParams& p);
+KernelFn resolve(const AssertFiniteParams& p);
+KernelFn resolve(const BinaryParams& p);
+KernelFn resolve(const BinaryScalarParams& p);
+KernelFn resolve(const UnaryParams& p);
+KernelFn resolve(const ReduceParams& p);
+KernelFn resolve(const SoftmaxParams& p);
+KernelFn resolve(const NormParams& p);
+KernelFn resolve(const MatmulParams& p);
+KernelFn resolve(const AttentionParams& p);
+KernelFn resolve(const StridedCopyParams& p);
+KernelFn resolve(const TypecastParams& p);
+KernelFn resolve(const TilizeParams& p);
 
 }  // namespace retrace::cpu

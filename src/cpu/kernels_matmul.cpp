@@ -119,8 +119,8 @@ struct AttentionK {
 
 }  // namespace
 
-KernelFn resolve_matmul(const MatmulParams& p) { return float_kernel<MatmulK>(p, "matmul"); }
-KernelFn resolve_attention(const AttentionParams& p) {
+KernelFn resolve(const MatmulParams& p) { return float_kernel<MatmulK>(p, "matmul"); }
+KernelFn resolve(const AttentionParams& p) {
   return float_kernel<AttentionK>(p, "attention");
 }
 

@@ -111,13 +111,13 @@ struct NormK {
 
 }  // namespace
 
-KernelFn resolve_reduce(const ReduceParams& p) {
+KernelFn resolve(const ReduceParams& p) {
   return float_kernel<ReduceK>(p, "reduce");
 }
-KernelFn resolve_softmax(const SoftmaxParams& p) {
+KernelFn resolve(const SoftmaxParams& p) {
   return float_kernel<SoftmaxK>(p, "softmax");
 }
-KernelFn resolve_norm(const NormParams& p) {
+KernelFn resolve(const NormParams& p) {
   return float_kernel<NormK>(p, "norm");
 }
 

@@ -78,7 +78,7 @@ void tilize_kernel(const std::byte* raw) {
 
 }  // namespace
 
-KernelFn resolve_strided_copy(const StridedCopyParams& p) {
+KernelFn resolve(const StridedCopyParams& p) {
   switch (p.elem_size) {
     case 1:
       return &strided_copy_kernel<std::uint8_t>;
@@ -89,17 +89,17 @@ KernelFn resolve_strided_copy(const StridedCopyParams& p) {
     default:
       break;
   }
-  RETRACE_FAIL(invalid_argument, "strided_copy: no kernel for {}-byte elements", p.elem_size);
+  RETRACE_FAIL(unimplemented, "the CPU device has no strided_copy kernel for {}-byte elements", p.elem_size);
 }
 
-KernelFn resolve_typecast(const TypecastParams& p) {
+KernelFn resolve(const TypecastParams& p) {
   return dispatch_dtype(p.from, [&]<class From>(From) {
     return dispatch_dtype(p.to,
                           []<class To>(To) -> KernelFn { return &typecast_kernel<From, To>; });
   });
 }
 
-KernelFn resolve_tilize(const TilizeParams&) {
+KernelFn resolve(const TilizeParams&) {
   return &tilize_kernel;
 }
 

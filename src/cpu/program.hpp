@@ -33,14 +33,11 @@ static_assert(sizeof(CommandHeader) <= sizeof(CommandSlot));
 struct Program {
   std::vector<CommandSlot> stream;
   std::vector<const char*> ops;  // op name of each command, for errors and listings
-  // Buffers the commands use that the program must keep alive (for a trace: those outside its
-  // private pool).
+  // Buffers an eager batch uses, kept alive until it ran (a trace's are kept by the device).
   std::vector<std::shared_ptr<Buffer>> retained;
   // Host data staged for writes.
   std::vector<std::unique_ptr<std::byte[]>> staging;
   std::optional<TraceId> trace;  // set for traces
-  // For traces: the addresses of the buffers each command uses.
-  std::vector<std::vector<std::uint64_t>> command_buffers;
 
   void append(KernelFn fn, const char* op, const void* params, std::size_t params_size);
   [[nodiscard]] std::size_t size() const noexcept { return ops.size(); }
@@ -48,7 +45,9 @@ struct Program {
   std::size_t run(std::string& error) const noexcept;
 };
 
-// Maps a launch to the CPU kernel that runs it (specialised by dtype and operation).
+// Maps a launch to the CPU kernel that runs it (specialised by dtype and operation), from the
+// CPU device's kernel table (one entry per kernel of RETRACE_KERNEL_LIST).
 [[nodiscard]] KernelFn resolve_kernel(const KernelLaunch& launch);
+[[nodiscard]] bool cpu_supports(KernelId kernel) noexcept;
 
 }  // namespace retrace::cpu

@@ -39,13 +39,11 @@ void CpuEventState::signal() noexcept {
   done_.notify_all();
 }
 
-CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options,
-                   std::atomic<std::uint64_t>& commands_executed)
+CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options)
     : label_(std::move(label)),
       mode_(options.execution),
       eager_batch_(std::max<std::uint32_t>(options.eager_batch, 1)),
-      spin_us_(options.worker_spin_us),
-      commands_executed_(commands_executed) {
+      spin_us_(options.worker_spin_us) {
   if (mode_ == ExecutionMode::worker) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -61,32 +59,22 @@ CpuQueue::~CpuQueue() {
 
 // --- recording --------------------------------------------------------------------------------
 
-void CpuQueue::record_command(Program& program, const KernelLaunch& launch, KernelFn fn,
-                              bool retain_all) {
+void CpuQueue::record_command(Program& program, const KernelLaunch& launch, KernelFn fn) {
   program.append(fn, launch.op, launch.params, launch.params_size);
-  if (program.trace) {  // listings and graphs of the trace (not used by replays)
-    auto& addresses = program.command_buffers.emplace_back();
-    for (const Buffer* buffer : launch.buffers) addresses.push_back(buffer->address());
-  }
-  for (Buffer* buffer : launch.buffers) {
-    if (!retain_all) {
-      // A trace keeps outside buffers alive, once each; its own pool it owns already.
-      if (buffer->trace() == program.trace) continue;
-      if (!capture_retained_.insert(buffer).second) continue;
-    }
-    program.retained.push_back(buffer->shared_from_this());
-  }
+  // An eager batch keeps its buffers alive until it ran; a trace's are kept by the device core.
+  if (program.trace) return;
+  for (Buffer* buffer : launch.buffers) program.retained.push_back(buffer->shared_from_this());
 }
 
 void CpuQueue::enqueue(const KernelLaunch& launch) {
   const KernelFn fn = resolve_kernel(launch);  // may throw: before anything is recorded
   std::lock_guard lock(mutex_);
   if (capture_) {
-    record_command(*capture_, launch, fn, /*retain_all=*/false);
+    record_command(*capture_, launch, fn);
     return;
   }
   if (!open_batch_) open_batch_ = std::make_shared<Program>();
-  record_command(*open_batch_, launch, fn, /*retain_all=*/true);
+  record_command(*open_batch_, launch, fn);
   // Hand the batch over when the worker waits for work (it starts at once) or when it is full;
   // otherwise keep collecting and save the hand-off.
   if (mode_ == ExecutionMode::inline_ || open_batch_->size() >= eager_batch_) {
@@ -99,12 +87,10 @@ void CpuQueue::begin_capture(TraceId trace) {
   flush_locked();
   capture_ = std::make_shared<Program>();
   capture_->trace = trace;
-  capture_retained_.clear();
 }
 
 std::shared_ptr<Program> CpuQueue::end_capture() {
   std::lock_guard lock(mutex_);
-  capture_retained_.clear();
   return std::move(capture_);
 }
 
@@ -213,7 +199,6 @@ void CpuQueue::run(const Item& item) noexcept {
 void CpuQueue::run_program(const Program& program) noexcept {
   std::string what;
   const std::size_t ran = program.run(what);
-  commands_executed_.fetch_add(ran, std::memory_order_relaxed);
   if (ran == program.size()) return;
   try {
     const std::string where =

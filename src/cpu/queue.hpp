@@ -12,6 +12,7 @@
 #pragma once
 
 #include "cpu/program.hpp"
+#include "retrace/backend.hpp"
 #include "retrace/cpu.hpp"
 
 #include <atomic>
@@ -40,8 +41,7 @@ class CpuEventState final : public detail::EventState {
 
 class CpuQueue {
  public:
-  CpuQueue(std::string label, const CpuDeviceOptions& options,
-           std::atomic<std::uint64_t>& commands_executed);
+  CpuQueue(std::string label, const CpuDeviceOptions& options);
   ~CpuQueue();  // drains the queue, then stops the worker
   CpuQueue(const CpuQueue&) = delete;
   CpuQueue& operator=(const CpuQueue&) = delete;
@@ -76,13 +76,12 @@ class CpuQueue {
   void run_program(const Program& program) noexcept;
   void worker_loop();
   bool pop(Item& item);
-  void record_command(Program& program, const KernelLaunch& launch, KernelFn fn, bool retain_all);
+  void record_command(Program& program, const KernelLaunch& launch, KernelFn fn);
 
   std::string label_;
   ExecutionMode mode_;
   std::uint32_t eager_batch_;
   std::uint32_t spin_us_;
-  std::atomic<std::uint64_t>& commands_executed_;
 
   std::mutex mutex_;
   std::condition_variable work_cv_;
@@ -90,7 +89,6 @@ class CpuQueue {
   std::shared_ptr<Program> open_batch_;
   std::shared_ptr<Program> capture_;
   std::vector<std::shared_ptr<const Program>> retired_;
-  std::unordered_set<const Buffer*> capture_retained_;
   std::uint64_t next_seq_ = 1;
   bool stopping_ = false;
   std::string error_;

@@ -78,41 +78,77 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
   return "this kernel";
 }
 
+namespace {
+
+// One overload per parameter struct: the CUDA device's kernel table is generated from
+// RETRACE_KERNEL_LIST, so a kernel without an overload here does not compile.
+cudaError_t launch(const FillParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_fill(p, ctx);
+}
+cudaError_t launch(const CopyParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_copy(p, ctx);
+}
+cudaError_t launch(const BinaryParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_binary(p, ctx);
+}
+cudaError_t launch(const BinaryScalarParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_binary_scalar(p, ctx);
+}
+cudaError_t launch(const AssertFiniteParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_assert_finite(p, ctx);
+}
+cudaError_t launch(const UnaryParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_unary(p, ctx);
+}
+cudaError_t launch(const ReduceParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_reduce(p, ctx);
+}
+cudaError_t launch(const SoftmaxParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_softmax(p, ctx);
+}
+cudaError_t launch(const NormParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_norm(p, ctx);
+}
+cudaError_t launch(const MatmulParams& p, const LaunchContext& ctx, cublasStatus_t* blas) {
+  return launch_matmul(p, ctx, blas);
+}
+cudaError_t launch(const StridedCopyParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_strided_copy(p, ctx);
+}
+cudaError_t launch(const TypecastParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_typecast(p, ctx);
+}
+cudaError_t launch(const TilizeParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_tilize(p, ctx);
+}
+cudaError_t launch(const AttentionParams& p, const LaunchContext& ctx, cublasStatus_t* blas) {
+  return launch_attention(p, ctx, blas);
+}
+
+using Launcher = cudaError_t (*)(const void*, const LaunchContext&, cublasStatus_t*);
+
+template <KernelId K>
+cudaError_t launch_entry(const void* params, const LaunchContext& ctx, cublasStatus_t* blas) {
+  return launch(as<KernelParamsOf<K>>(params), ctx, blas);
+}
+
+constexpr Launcher kLaunchers[kKernelCount] = {
+#define RETRACE_CUDA_KERNEL(name, params) &launch_entry<KernelId::name>,
+    RETRACE_KERNEL_LIST(RETRACE_CUDA_KERNEL)
+#undef RETRACE_CUDA_KERNEL
+};
+
+}  // namespace
+
+bool supports_kernel(KernelId kernel) noexcept {
+  const auto index = static_cast<std::size_t>(kernel);
+  return index < kKernelCount && kLaunchers[index] != nullptr;
+}
+
 cudaError_t launch_command(KernelId kernel, const void* params, const LaunchContext& ctx,
                            cublasStatus_t* blas_status) {
-  switch (kernel) {
-    case KernelId::fill:
-      return launch_fill(as<FillParams>(params), ctx);
-    case KernelId::copy:
-      return launch_copy(as<CopyParams>(params), ctx);
-    case KernelId::binary:
-      return launch_binary(as<BinaryParams>(params), ctx);
-    case KernelId::binary_scalar:
-      return launch_binary_scalar(as<BinaryScalarParams>(params), ctx);
-    case KernelId::assert_finite:
-      return launch_assert_finite(as<AssertFiniteParams>(params), ctx);
-    case KernelId::unary:
-      return launch_unary(as<UnaryParams>(params), ctx);
-    case KernelId::reduce:
-      return launch_reduce(as<ReduceParams>(params), ctx);
-    case KernelId::softmax:
-      return launch_softmax(as<SoftmaxParams>(params), ctx);
-    case KernelId::norm:
-      return launch_norm(as<NormParams>(params), ctx);
-    case KernelId::matmul:
-      return launch_matmul(as<MatmulParams>(params), ctx, blas_status);
-    case KernelId::strided_copy:
-      return launch_strided_copy(as<StridedCopyParams>(params), ctx);
-    case KernelId::typecast:
-      return launch_typecast(as<TypecastParams>(params), ctx);
-    case KernelId::tilize:
-      return launch_tilize(as<TilizeParams>(params), ctx);
-    case KernelId::attention:
-      return launch_attention(as<AttentionParams>(params), ctx, blas_status);
-    case KernelId::count_:
-      break;
-  }
-  return cudaErrorInvalidValue;
+  if (!supports_kernel(kernel)) return cudaErrorInvalidValue;
+  return kLaunchers[static_cast<std::size_t>(kernel)](params, ctx, blas_status);
 }
 
 cudaError_t clear_record(FailureRecord* record, cudaStream_t stream) {

@@ -39,6 +39,9 @@ struct LaunchContext {
 // Why the CUDA device cannot run this command (an unsupported dtype or size), or nullptr.
 [[nodiscard]] const char* unsupported_reason(KernelId kernel, const void* params) noexcept;
 
+// Whether the kernel table has an entry for the kernel.
+[[nodiscard]] bool supports_kernel(KernelId kernel) noexcept;
+
 // Enqueues the command on ctx.stream. Returns the first CUDA error, or a cuBLAS failure as
 // cudaErrorUnknown with *blas_status set.
 [[nodiscard]] cudaError_t launch_command(KernelId kernel, const void* params,

@@ -21,7 +21,7 @@ void fill(const Tensor& tensor, double value, QueueId queue) {
   FillParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
                     tensor.dtype(), value};
   Buffer* buffers[] = {tensor.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::fill, "fill", params, buffers));
+  device.enqueue(queue, make_launch("fill", params, buffers));
 }
 
 void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
@@ -39,7 +39,7 @@ void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
   if (src.address() == dst.address()) return;
   CopyParams params{data_of(src), data_of(dst), static_cast<std::int64_t>(dst.nbytes())};
   Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::copy, "copy", params, buffers));
+  device.enqueue(queue, make_launch("copy", params, buffers));
 }
 
 void assert_finite(const Tensor& tensor, QueueId queue) {
@@ -48,7 +48,7 @@ void assert_finite(const Tensor& tensor, QueueId queue) {
   AssertFiniteParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
                             tensor.dtype()};
   Buffer* buffers[] = {tensor.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::assert_finite, "assert_finite", params, buffers));
+  device.enqueue(queue, make_launch("assert_finite", params, buffers));
 }
 
 }  // namespace retrace::ops

@@ -85,7 +85,7 @@ void enqueue_binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor
                params.shape, {params.a_strides, params.b_strides}, params.rank, op);
   }
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(KernelId::binary, op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
 }
 
 Tensor binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b, QueueId queue) {
@@ -110,7 +110,7 @@ void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a, double b,
   BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                             a.dtype(), kind, b};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::binary_scalar, op, params, buffers));
+  device.enqueue(queue, make_launch(op, params, buffers));
 }
 
 Tensor binary_scalar(const char* op, BinaryOp kind, const Tensor& a, double b, QueueId queue) {
@@ -128,7 +128,7 @@ void unary_out(const char* op, UnaryOp kind, const Tensor& a, const Tensor& out,
   UnaryParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()), a.dtype(),
                      kind};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::unary, op, params, buffers));
+  device.enqueue(queue, make_launch(op, params, buffers));
 }
 
 Tensor unary(const char* op, UnaryOp kind, const Tensor& a, QueueId queue) {

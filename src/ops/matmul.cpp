@@ -83,7 +83,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose
   params.trans_a = ta;
   params.trans_b = tb;
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(KernelId::matmul, op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
 }
 
@@ -118,7 +118,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, QueueId
   params.trans_b = true;
   std::vector<Buffer*> buffers{x.buffer().get(), weight.buffer().get(), out.buffer().get()};
   if (!bias.is_null()) buffers.push_back(bias.buffer().get());
-  x.device()->enqueue(queue, make_launch(KernelId::matmul, op, params, buffers));
+  x.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
 }
 
@@ -175,7 +175,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   std::vector<Buffer*> buffers{q.buffer().get(), k.buffer().get(), v.buffer().get(),
                                out.buffer().get()};
   if (!mask.is_null()) buffers.push_back(mask.buffer().get());
-  q.device()->enqueue(queue, make_launch(KernelId::attention, op, params, buffers));
+  q.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
 }
 

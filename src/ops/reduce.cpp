@@ -51,7 +51,7 @@ Tensor reduce(const char* op, ReduceOp kind, const Tensor& a, KeepDim keepdim, Q
   Tensor out = empty_like(a, Shape(std::span<const std::int64_t>(shape)), op);
   ReduceParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype(), kind};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(KernelId::reduce, op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
 }
 
@@ -74,7 +74,7 @@ Tensor norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor&
   std::vector<Buffer*> buffers{a.buffer().get(), out.buffer().get()};
   if (!weight.is_null()) buffers.push_back(weight.buffer().get());
   if (!bias.is_null()) buffers.push_back(bias.buffer().get());
-  a.device()->enqueue(queue, make_launch(KernelId::norm, op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
 }
 
@@ -95,7 +95,7 @@ Tensor softmax(const Tensor& a, QueueId queue) {
   Tensor out = empty_like(a, a.shape(), "softmax");
   SoftmaxParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype()};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(KernelId::softmax, "softmax", params, buffers));
+  a.device()->enqueue(queue, make_launch("softmax", params, buffers));
   return out;
 }
 

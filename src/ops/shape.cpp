@@ -39,7 +39,7 @@ void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
   fill_space(collapse(shape, {src_strides, dst_strides}), params.shape,
              {params.src_strides, params.dst_strides}, params.rank, op);
   Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};
-  src.device()->enqueue(queue, make_launch(KernelId::strided_copy, op, params, buffers));
+  src.device()->enqueue(queue, make_launch(op, params, buffers));
 }
 
 }  // namespace
@@ -191,7 +191,7 @@ Tensor typecast(const Tensor& a, DType dtype, QueueId queue) {
   TypecastParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                         a.dtype(), dtype};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::typecast, "typecast", params, buffers));
+  device.enqueue(queue, make_launch("typecast", params, buffers));
   return out;
 }
 
@@ -209,7 +209,7 @@ Tensor to_layout(const Tensor& a, Layout layout, QueueId queue) {
                       static_cast<std::int32_t>(dtype_size(a.dtype())),
                       layout == Layout::tile};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch(KernelId::tilize, "to_layout", params, buffers));
+  device.enqueue(queue, make_launch("to_layout", params, buffers));
   return out;
 }
 

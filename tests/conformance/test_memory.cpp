@@ -104,7 +104,7 @@ TEST_P(DeviceConformance, GuardBytesCatchOutOfBoundsWrites) {
   // A buggy kernel: copies 128 bytes into a 64-byte buffer.
   CopyParams params{source->data(), victim->data(), 128};
   Buffer* buffers[] = {source.get(), victim.get()};
-  device().enqueue(kDefaultQueue, make_launch(KernelId::copy, "buggy_copy", params, buffers));
+  device().enqueue(kDefaultQueue, make_launch("buggy_copy", params, buffers));
   device().synchronize();
   victim.reset();
   EXPECT_RETRACE_ERROR(device().synchronize(kDefaultQueue), device_error,
