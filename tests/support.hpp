@@ -2,10 +2,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <retrace/backend.hpp>
 #include <retrace/retrace.hpp>
-#ifdef RETRACE_HAVE_CUDA
-#include <retrace/cuda.hpp>
-#endif
 
 #include <cstdint>
 #include <cstdlib>
@@ -55,57 +53,48 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t salt = 0, f
   return v;
 }
 
-// The backend the device-generic suites (ops, tracer, traced functions) run on:
-// RETRACE_TEST_BACKEND=cpu (default) or cuda. CTest runs those suites once per backend.
-inline std::string_view test_backend() {
+// The backend the device-generic suites (ops, tracer, traced functions, lifetimes) run on:
+// RETRACE_TEST_BACKEND=<a registered backend> (default cpu). CTest runs those suites once per
+// backend the build has.
+inline std::string test_backend() {
   const char* env = std::getenv("RETRACE_TEST_BACKEND");
-  return env != nullptr && std::string_view(env) == "cuda" ? "cuda" : "cpu";
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string("cpu");
 }
 
-// Why the CUDA device cannot be opened here ("" when it can).
-inline std::string cuda_skip_reason() {
-#ifdef RETRACE_HAVE_CUDA
-  const std::string reason = cuda_unavailable_reason();
-  return reason.empty() ? std::string() : "no usable CUDA GPU: " + reason;
-#else
-  return "retrace was built without the CUDA backend (no CUDA toolkit found)";
-#endif
+// Why devices of `backend` cannot be opened here ("" when they can), from the registry.
+inline std::string backend_skip_reason(const std::string& backend) {
+  std::string known;
+  for (const BackendStatus& status : available_backends()) {
+    if (status.name == backend) {
+      return status.available ? std::string()
+                              : "the " + backend + " backend cannot be used here: " + status.reason;
+    }
+    known += (known.empty() ? "" : ", ") + status.name;
+  }
+  return "retrace was built without the " + backend + " backend (it has: " + known + ")";
 }
 
 // Why the selected backend cannot run here ("" when it can).
-inline std::string test_skip_reason() {
-  return test_backend() == "cpu" ? std::string() : cuda_skip_reason();
-}
+inline std::string test_skip_reason() { return backend_skip_reason(test_backend()); }
 
 struct TestDeviceSpec {
   DeviceId id{0};
-  std::size_t guard_bytes = 0;  // CPU only
+  std::size_t guard_bytes = 0;  // where the backend's memory is host visible (CPU)
 };
 
 // A device of the selected backend, or nullptr when it cannot run here (see test_skip_reason).
 inline std::unique_ptr<Device> open_test_device(TestDeviceSpec spec = {}) {
-  if (test_backend() == "cpu") {
-    CpuDeviceOptions options;
-    options.id = spec.id;
-    options.guard_bytes = spec.guard_bytes;
-    return open_cpu_device(options);
-  }
   if (!test_skip_reason().empty()) return nullptr;
-#ifdef RETRACE_HAVE_CUDA
-  CudaDeviceOptions options;
-  options.id = spec.id;
+  DeviceOptions options;
   options.memory_bytes = std::size_t{512} << 20;
   options.trace_region_bytes = std::size_t{128} << 20;
-  options.cublas_workspace_bytes = std::size_t{8} << 20;
-  return open_cuda_device(options);
-#else
-  return nullptr;
-#endif
+  options.guard_bytes = test_backend() == "cpu" ? spec.guard_bytes : 0;
+  return open_device(test_backend() + ":" + std::to_string(spec.id.value), options);
 }
 
 // The name a test device with this id has: "cpu:1", "cuda:1".
 inline std::string test_device_name(std::uint32_t id) {
-  return std::string(test_backend()) + ":" + std::to_string(id);
+  return test_backend() + ":" + std::to_string(id);
 }
 
 inline Tensor device_tensor(Device& device, const std::vector<float>& values, const Shape& shape,

@@ -1,9 +1,7 @@
 #include "model_options.hpp"
 
 #include <retrace/models/safetensors.hpp>
-#ifdef RETRACE_HAVE_CUDA
-#include <retrace/cuda.hpp>
-#endif
+#include <fmt/ranges.h>
 
 #include <charconv>
 #include <cstdint>
@@ -35,7 +33,8 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--heads", o.config.heads, "attention heads")->check(whole_number(1, kMaxSize));
   app.add_option("--dtype", o.dtype, "float32 or bfloat16")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
-  app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", o.device,
+                 "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
   app.add_option("--weights", o.weights, ".safetensors file with DiT weights")
       ->check(CLI::ExistingFile);
   app.add_option("--seed", o.config.seed, "seed of the random weights and latents")
@@ -43,22 +42,24 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
 }
 
 std::unique_ptr<Device> open_device(const ModelOptions& options) {
-  if (options.device == "cpu") return open_cpu_device();
-#ifdef RETRACE_HAVE_CUDA
-  if (const std::string reason = cuda_unavailable_reason(); !reason.empty()) {
-    throw DeviceUnavailable(fmt::format(
-        "--device cuda: this build has the CUDA backend, but no GPU can be used here: {}",
-        reason));
+  const std::string name = options.device.substr(0, options.device.find(':'));
+  std::vector<std::string> known;
+  for (const BackendStatus& backend : available_backends()) {
+    known.push_back(backend.name);
+    if (backend.name != name) continue;
+    if (!backend.available) {
+      throw DeviceUnavailable(fmt::format(
+          "--device {}: this build has the {} backend, but it cannot be used here: {}",
+          options.device, name, backend.reason));
+    }
+    auto device = retrace::open_device(options.device);
+    if (const std::string about = device->description(); !about.empty()) {
+      std::printf("%s: %s\n", device->name().c_str(), about.c_str());
+    }
+    return device;
   }
-  std::printf("GPU 0: %s\n", cuda_device_description(0).c_str());
-  CudaDeviceOptions cuda;
-  cuda.memory_bytes = std::size_t{4} << 30;
-  return open_cuda_device(cuda);
-#else
-  throw DeviceUnavailable(
-      "--device cuda: this build has no CUDA backend (it is built when CMake finds a CUDA "
-      "toolkit); use --device cpu");
-#endif
+  throw DeviceUnavailable(fmt::format("--device {}: this build has no {} backend (it has: {})",
+                                      options.device, name, fmt::join(known, ", ")));
 }
 
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {

@@ -77,6 +77,8 @@ class Backend {
     (void)launch;
     return nullptr;
   }
+  // What the device runs on, for people ("NVIDIA H200 (sm_90, 139.8 GiB)"); "" if nothing to add.
+  [[nodiscard]] virtual std::string description() const { return {}; }
   // Called once, when the device opens; the region must stay valid while the backend lives.
   [[nodiscard]] virtual MemoryRegion region() = 0;
 
@@ -125,17 +127,6 @@ class Backend {
  private:
   friend class Device;
   Device* device_ = nullptr;
-};
-
-// Options every device has; backends' own option structs (CpuDeviceOptions, ...) carry them.
-// Checked by make_device: num_queues in [1, 64], memory_bytes > 0, guard_bytes <= a quarter of
-// the memory (and 0 unless the backend's memory is host visible).
-struct DeviceOptions {
-  DeviceId id{0};  // the name is "<backend>:<id>"
-  std::size_t memory_bytes = std::size_t{1} << 30;
-  std::size_t trace_region_bytes = std::size_t{256} << 20;
-  std::uint32_t num_queues = 2;
-  std::size_t guard_bytes = 0;
 };
 
 // A device on a backend (the backends' open_* functions call this).

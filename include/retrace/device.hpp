@@ -60,7 +60,6 @@ namespace retrace {
 class Backend;
 class BackendTrace;
 class Device;
-struct DeviceOptions;
 
 namespace detail {
 class EventState;
@@ -177,6 +176,18 @@ enum class Capability : std::uint8_t {
   host_visible_memory,  // Buffer::data() is readable by the host
 };
 
+// Options every device has (open_device takes them); backends' own option structs
+// (CpuDeviceOptions, CudaDeviceOptions) carry them too.
+// Checked by make_device: num_queues in [1, 64], memory_bytes > 0, guard_bytes <= a quarter of
+// the memory (and 0 unless the backend's memory is host visible).
+struct DeviceOptions {
+  DeviceId id{0};  // the name is "<backend>:<id>"
+  std::size_t memory_bytes = std::size_t{1} << 30;
+  std::size_t trace_region_bytes = std::size_t{256} << 20;
+  std::uint32_t num_queues = 2;
+  std::size_t guard_bytes = 0;
+};
+
 class Device final {
  public:
   Device(const Device&) = delete;
@@ -195,6 +206,8 @@ class Device final {
   [[nodiscard]] bool supports(KernelId kernel) const noexcept;
   // "queue 1 of cpu:0"
   [[nodiscard]] std::string queue_label(QueueId queue) const;
+  // What the device runs on ("NVIDIA H200 (sm_90, 139.8 GiB)", "2 cores, AVX2 kernels"), or "".
+  [[nodiscard]] std::string description() const;
 
   // --- memory -------------------------------------------------------------------------------
   // Size 0 is allowed and still yields a distinct address. On the capturing thread the buffer

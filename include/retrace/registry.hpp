@@ -18,8 +18,6 @@
 
 namespace retrace {
 
-struct DeviceOptions;
-
 struct BackendStatus {
   std::string name;      // "cpu", "cuda"
   bool available = false;

@@ -7,6 +7,7 @@
 #include "retrace/error.hpp"
 #include "retrace/log.hpp"
 #include "retrace/ops.hpp"
+#include "retrace/registry.hpp"
 #include "retrace/shape.hpp"
 #include "retrace/signature.hpp"
 #include "retrace/state_tensor.hpp"

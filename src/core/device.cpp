@@ -155,6 +155,8 @@ bool Device::supports(KernelId kernel) const noexcept { return core_->backend->s
 
 Backend& Device::backend_impl() const noexcept { return *core_->backend; }
 
+std::string Device::description() const { return core_->backend->description(); }
+
 std::string Device::queue_label(QueueId queue) const {
   return fmt::format("queue {} of {}", queue, name());
 }

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 namespace retrace {
 namespace cpu {
@@ -84,6 +85,12 @@ class CpuBackend final : public Backend {
   }
 
   bool supports(KernelId kernel) const noexcept override { return cpu_supports(kernel); }
+
+  std::string description() const override {
+    return fmt::format("{} hardware threads, {} queues ({})", std::thread::hardware_concurrency(),
+                       queues_.size(),
+                       options_.execution == ExecutionMode::worker ? "worker threads" : "inline");
+  }
 
   MemoryRegion region() override { return {region_.base(), region_.size(), 64, true}; }
 

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
   bool supports(Capability capability) const noexcept override;
   bool supports(KernelId kernel) const noexcept override;
   const char* unsupported_reason(const KernelLaunch& launch) const noexcept override;
+  std::string description() const override { return cuda_device_description(options_.ordinal); }
   MemoryRegion region() override;
 
   void write(QueueId queue, const Buffer& dst, std::size_t offset, std::span<const std::byte> src,

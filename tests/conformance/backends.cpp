@@ -1,59 +1,58 @@
 #include "conformance/backends.hpp"
 #include "support.hpp"
 
-#ifdef RETRACE_HAVE_CUDA
-#include <retrace/cuda.hpp>
-#endif
-
 namespace retrace::conformance {
 
 namespace {
-Backend cpu_backend(std::string name, ExecutionMode mode) {
-  return Backend{std::move(name),
-                 [mode](const DeviceSpec& spec) {
+
+// A backend from the registry, opened by name with the spec's memory settings.
+Backend registered(const BackendStatus& status) {
+  const std::string name = status.name;
+  return Backend{name,
+                 [name](const DeviceSpec& spec) {
+                   DeviceOptions options;
+                   options.memory_bytes = spec.memory_bytes;
+                   options.trace_region_bytes = spec.trace_region_bytes;
+                   auto probe = open_device(name + ":" + std::to_string(spec.id.value), options);
+                   if (spec.guard_bytes == 0 || !probe->supports(Capability::host_visible_memory)) {
+                     return probe;
+                   }
+                   probe.reset();
+                   options.guard_bytes = spec.guard_bytes;
+                   return open_device(name + ":" + std::to_string(spec.id.value), options);
+                 }};
+}
+
+// The CPU device once more with inline queues (work runs on the calling thread): the
+// execution mode is a CPU setting, so this variant opens it directly.
+Backend cpu_inline() {
+  return Backend{"cpu_inline",
+                 [](const DeviceSpec& spec) {
                    CpuDeviceOptions options;
                    options.id = spec.id;
                    options.memory_bytes = spec.memory_bytes;
                    options.trace_region_bytes = spec.trace_region_bytes;
                    options.guard_bytes = spec.guard_bytes;
-                   options.execution = mode;
+                   options.execution = ExecutionMode::inline_;
                    return open_cpu_device(options);
-                 },
-                 /*can_detect_guard_damage=*/true};
+                 }};
 }
 
-// The CUDA device when retrace was built with it; nullptr (the test skips, printing
-// unavailable_reason) without a usable GPU.
-Backend cuda_backend() {
-  return Backend{"cuda",
-                 [](const DeviceSpec& spec) -> std::unique_ptr<Device> {
-#ifdef RETRACE_HAVE_CUDA
-                   if (!testing::cuda_skip_reason().empty()) return nullptr;
-                   CudaDeviceOptions options;
-                   options.id = spec.id;
-                   options.memory_bytes = spec.memory_bytes;
-                   options.trace_region_bytes = spec.trace_region_bytes;
-                   options.cublas_workspace_bytes = std::size_t{4} << 20;
-                   return open_cuda_device(options);
-#else
-                   (void)spec;
-                   return nullptr;
-#endif
-                 },
-                 /*can_detect_guard_damage=*/false};
-}
 }  // namespace
 
 std::string unavailable_reason(const Backend& backend) {
-  return backend.name == "cuda" ? testing::cuda_skip_reason() : std::string();
+  return backend.name == "cpu_inline" ? std::string() : testing::backend_skip_reason(backend.name);
 }
 
+// Every backend this build registered, whether or not it can run here (those that cannot skip
+// every case with the reason), then the CPU variant.
 const std::vector<Backend>& backends() {
-  static const std::vector<Backend> all = {
-      cpu_backend("cpu_worker", ExecutionMode::worker),
-      cpu_backend("cpu_inline", ExecutionMode::inline_),
-      cuda_backend(),
-  };
+  static const std::vector<Backend> all = [] {
+    std::vector<Backend> list;
+    for (const BackendStatus& status : available_backends()) list.push_back(registered(status));
+    list.push_back(cpu_inline());
+    return list;
+  }();
   return all;
 }
 

@@ -1,6 +1,7 @@
-// The backend registry of the conformance suite. Every backend registers a factory; every test
-// of the suite runs against each (CPU with worker queues, CPU with inline queues, CUDA when a
-// GPU is present). A backend that cannot run a case skips it with GTEST_SKIP() and a reason.
+// The backends of the conformance suite: every backend registered with retrace (the registry,
+// retrace/registry.hpp) and the CPU device with inline queues. Every test of the suite runs
+// against each; a backend that cannot run here, or cannot run a case, skips it with
+// GTEST_SKIP() and the reason.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,7 +24,6 @@ struct DeviceSpec {
 struct Backend {
   std::string name;
   std::function<std::unique_ptr<Device>(const DeviceSpec&)> open;
-  bool can_detect_guard_damage = false;
 };
 
 const std::vector<Backend>& backends();
