@@ -395,6 +395,8 @@ void Device::synchronize() {
 
 Event Device::record_event(QueueId queue) {
   queue = resolve_queue(queue, "record_event");
+  RETRACE_CHECK(core_->backend->supports(Capability::events), unimplemented,
+                "record_event: {} has no events", name());
   check_queue_not_capturing(queue, "recording an event");
   return Event(core_->backend->record_event(queue), link_, queue);
 }
@@ -413,6 +415,8 @@ void Device::wait_event(QueueId queue, const Event& event) {
 void Device::begin_trace_capture(QueueId queue) {
   queue = resolve_queue(queue, "begin_trace_capture");
   detail::DeviceCore& c = *core_;
+  RETRACE_CHECK(c.backend->supports(Capability::trace_capture), unimplemented,
+                "begin_trace_capture: {} cannot capture traces", name());
   const TraceId trace{g_next_trace_id.fetch_add(1)};
   {
     std::lock_guard lock(c.mutex);

@@ -5,6 +5,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <mutex>
 
@@ -36,6 +37,9 @@ std::vector<std::string> names() {
   std::lock_guard lock(r.mutex);
   std::vector<std::string> out;
   for (const BackendRegistration& b : r.backends) out.push_back(b.name);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::pair(a != "cpu", a) < std::pair(b != "cpu", b);
+  });
   return out;
 }
 
@@ -82,6 +86,10 @@ std::vector<BackendStatus> available_backends() {
     std::lock_guard lock(r.mutex);
     backends = r.backends;
   }
+  // "cpu" first (always built), then by name: registration order is static-initialisation order.
+  std::stable_sort(backends.begin(), backends.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.name != "cpu", a.name) < std::pair(b.name != "cpu", b.name);
+  });
   std::vector<BackendStatus> out;
   for (const BackendRegistration& b : backends) {
     std::string reason = b.unavailable_reason ? b.unavailable_reason() : std::string();
