@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     return y;
   };
   Tensor x = ops::full({kFloats}, 0.0, *device);
-  auto tracer = make_tracer(chain, *device, TracerOptions{.name = "tiny"});
+  auto tracer = make_tracer(chain, *device, TraceOptions{.name = "tiny"});
   (void)tracer(x);
   const Tensor& slot = std::get<0>(tracer.inputs());
   const TraceId trace = tracer.trace_ids().front();
@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
             .to_device(*device);
     auto step = make_tracer(
         [&model](const Tensor& in, const Tensor& t) { return model.euler_step(in, t, -0.05f); },
-        *device, TracerOptions{.name = "dit"});
+        *device, TraceOptions{.name = "dit"});
     (void)step(latents, features);
     const auto& [x_slot, t_slot] = step.inputs();
     cudaGraphExec_t exec = cuda_graph_exec(*device, step.trace_ids().front());

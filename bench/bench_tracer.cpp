@@ -29,7 +29,7 @@ void BM_TracerOverhead(benchmark::State& state) {
   for (int i = 0; i < leaves; ++i) xs.push_back(ops::full({16}, i, *device));
   device->synchronize();
   auto tracer = make_tracer([](const std::vector<Tensor>& in) { return in; }, *device,
-                            TracerOptions{.prep_run = false});
+                            TraceOptions{.prep_run = false});
   tracer(xs);
   const auto& slots = std::get<0>(tracer.inputs());
   const TraceId trace = tracer.trace_ids().front();
@@ -49,7 +49,7 @@ void BM_TracerOverhead(benchmark::State& state) {
   state.counters["execute_ns"] = execute_median;
   state.counters["overhead_ns"] = tracer_median - execute_median;
   state.counters["goal_ns"] = 150.0 + 15.0 * leaves;
-  if (tracer.counters().copies != 0) state.SkipWithError("inputs were copied");
+  if (tracer.stats().copies != 0) state.SkipWithError("inputs were copied");
 }
 
 }  // namespace

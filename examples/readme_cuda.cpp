@@ -24,6 +24,6 @@ int main() {
   for (int i = 0; i < 10; ++i) (void)step(x);  // 1 capture, 9 graph launches
   const float first = step.outputs().to_vector<float>()[0];
   std::printf("softmax(x x^T)[0] = %.6f (1/64 = %.6f), %llu replays\n", first, 1.0 / 64,
-              static_cast<unsigned long long>(step.counters().replays));
+              static_cast<unsigned long long>(step.stats().replays));
   return 0;
 }

@@ -33,20 +33,20 @@ int main() {
                                      [](Denoiser& d) -> Device& { return *d.device; });
   Denoiser denoiser;
   denoiser.device = device.get();
-  Tensor eager = step(denoiser, x, 0.5f);                 // untraced: a plain call
-  const Tensor& traced = step.traced(denoiser, x, 0.5f);  // captured, then replayed
+  Tensor eager = step.untraced(denoiser, x, 0.5f);  // a plain call
+  const Tensor& traced = step(denoiser, x, 0.5f);   // captured (later calls replay)
 
   auto reduce = retrace::traced_function(all_reduce_mean);
   Communicator comm;
-  const Tensor& reduced = reduce.traced(x, *device, comm);
+  const Tensor& reduced = reduce(x, *device, comm);
 
   auto add = retrace::traced_function_injected(residual);
-  const Tensor& sum = add.traced(*device, x, x);
+  const Tensor& sum = add(*device, x, x);
 
   // Keyed traces: one per resolution, each replayed with its own shape.
   for (std::int64_t tokens : {64, 256, 64, 256}) {
     Tensor latents = ops::full({1, tokens}, 2.0, *device);
-    step.traced_with({.key = std::to_string(tokens)}, denoiser, latents, 0.5f);
+    step.call({.key = std::to_string(tokens)}, denoiser, latents, 0.5f);
   }
 
   // Automatic keys: a new input signature captures a new trace (and logs why).
@@ -54,7 +54,7 @@ int main() {
       residual, {.auto_key = true, .max_traces = 4, .name = "residual"});
   for (std::int64_t tokens : {16, 32, 16}) {
     Tensor t = ops::full({tokens}, 1.0, *device);
-    auto_add.traced(*device, t, t);
+    auto_add(*device, t, t);
   }
 
   std::printf("eager %.2f traced %.2f reduced %.2f sum %.2f\n",

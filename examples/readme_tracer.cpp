@@ -32,6 +32,6 @@ int main() {
   }
   const float first = std::get<0>(step.inputs()).to_vector<float>()[0];
   std::printf("after 20 steps: %.6f (%llu capture, %llu replays)\n", static_cast<double>(first),
-              static_cast<unsigned long long>(step.counters().captures),
-              static_cast<unsigned long long>(step.counters().replays));
+              static_cast<unsigned long long>(step.stats().captures),
+              static_cast<unsigned long long>(step.stats().replays));
 }

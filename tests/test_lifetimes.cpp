@@ -126,14 +126,14 @@ TEST(LifetimeTest, TracedWrappersRaiseOnAClosedDevice) {
   RETRACE_TEST_DEVICE(device);
   auto traced = traced_function_injected(plus_one);
   Tensor x = ops::full({4}, 1.0, *device);
-  EXPECT_EQ(values(traced.traced(*device, x)), filled(4, 2.0f));
+  EXPECT_EQ(values(traced(*device, x)), filled(4, 2.0f));
   device->close();
-  EXPECT_RETRACE_ERROR((void)traced.traced(*device, x), failed_precondition, "was closed");
+  EXPECT_RETRACE_ERROR((void)traced(*device, x), failed_precondition, "was closed");
 
   auto step = traced_method(&Pipeline::step, [](Pipeline& p) -> Device& { return *p.device; });
   Pipeline pipeline;
   pipeline.device = device.get();
-  EXPECT_RETRACE_ERROR((void)step.traced(pipeline, x), failed_precondition, "was closed");
+  EXPECT_RETRACE_ERROR((void)step(pipeline, x), failed_precondition, "was closed");
 }
 
 // --- identity -------------------------------------------------------------------------------
@@ -179,8 +179,8 @@ TEST(IdentityTest, ANewDeviceAtTheAddressOfADestroyedOneCapturesAfresh) {
     if (previous) RecordProperty("same_address", address == *previous ? "yes" : "no");
     previous = address;
     Tensor x = ops::full({4}, static_cast<double>(round), *device);
-    EXPECT_EQ(values(traced.traced(*device, x)), filled(4, static_cast<float>(round) + 1.0f));
-    EXPECT_EQ(values(traced.traced(*device, ops::full({4}, 5.0, *device))), filled(4, 6.0f));
+    EXPECT_EQ(values(traced(*device, x)), filled(4, static_cast<float>(round) + 1.0f));
+    EXPECT_EQ(values(traced(*device, ops::full({4}, 5.0, *device))), filled(4, 6.0f));
   }
   EXPECT_EQ(traced.stats().captures, 3u);
 }
@@ -194,13 +194,13 @@ TEST(IdentityTest, ANewOwnerInTheSameStorageGetsItsOwnTrace) {
   pipeline->device = device.get();
   const Pipeline* first = &*pipeline;
   const std::uint64_t first_id = pipeline->trace_owner_id();
-  EXPECT_EQ(values(step.traced(*pipeline, x)), filled(4, 2.0f));
+  EXPECT_EQ(values(step(*pipeline, x)), filled(4, 2.0f));
   pipeline.emplace();  // destroyed, and a new one built in the same storage
   EXPECT_EQ(&*pipeline, first);
   EXPECT_NE(pipeline->trace_owner_id(), first_id);
   pipeline->device = device.get();
   pipeline->gain = 10.0;
-  EXPECT_EQ(values(step.traced(*pipeline, x)), filled(4, 10.0f));
+  EXPECT_EQ(values(step(*pipeline, x)), filled(4, 10.0f));
   EXPECT_EQ(pipeline->calls, 2);  // prep run and capture: a new trace, not the old one
   EXPECT_EQ(step.stats().captures, 2u);
   EXPECT_EQ(device->stats().live_traces, 1u);
@@ -212,14 +212,14 @@ TEST(IdentityTest, AssigningToAnOwnerReleasesItsTraces) {
   Tensor x = ops::full({4}, 1.0, *device);
   Pipeline pipeline;
   pipeline.device = device.get();
-  EXPECT_EQ(values(step.traced(pipeline, x)), filled(4, 2.0f));
+  EXPECT_EQ(values(step(pipeline, x)), filled(4, 2.0f));
   Pipeline other;
   other.device = device.get();
   other.gain = 3.0;
   pipeline = other;
   EXPECT_EQ(step.live_traces(pipeline), 0u);
   EXPECT_EQ(device->stats().live_traces, 0u);
-  EXPECT_EQ(values(step.traced(pipeline, x)), filled(4, 3.0f));
+  EXPECT_EQ(values(step(pipeline, x)), filled(4, 3.0f));
 }
 
 TEST(IdentityTest, ANewBoundObjectInTheSameStorageGetsItsOwnTrace) {
@@ -229,12 +229,12 @@ TEST(IdentityTest, ANewBoundObjectInTheSameStorageGetsItsOwnTrace) {
   std::optional<Scaler> scaler;
   scaler.emplace(2.0);
   const Scaler* first = &*scaler;
-  EXPECT_EQ(values(traced.traced(x, *device, *scaler)), filled(4, 2.0f));
+  EXPECT_EQ(values(traced(x, *device, *scaler)), filled(4, 2.0f));
   EXPECT_EQ(device->stats().live_traces, 1u);
   scaler.emplace(7.0);
   EXPECT_EQ(&*scaler, first);
   EXPECT_EQ(device->stats().live_traces, 0u);  // the trace died with the object it bound
-  EXPECT_EQ(values(traced.traced(x, *device, *scaler)), filled(4, 7.0f));
+  EXPECT_EQ(values(traced(x, *device, *scaler)), filled(4, 7.0f));
   EXPECT_EQ(traced.stats().captures, 2u);
 }
 
@@ -244,8 +244,8 @@ TEST(IdentityTest, ASharedBoundObjectIsKeptAliveByItsTrace) {
   Tensor x = ops::full({4}, 1.0, *device);
   auto scaler = std::make_shared<const Scaler>(4.0);
   std::weak_ptr<const Scaler> watch = scaler;
-  EXPECT_EQ(values(traced.traced(x, *device, scaler)), filled(4, 4.0f));
-  EXPECT_EQ(values(traced.traced(x, *device, scaler)), filled(4, 4.0f));
+  EXPECT_EQ(values(traced(x, *device, scaler)), filled(4, 4.0f));
+  EXPECT_EQ(values(traced(x, *device, scaler)), filled(4, 4.0f));
   EXPECT_EQ(traced.stats().captures, 1u);
   scaler.reset();
   EXPECT_FALSE(watch.expired());  // held by the trace: its address cannot be reused

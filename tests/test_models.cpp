@@ -38,7 +38,7 @@ TEST_P(DiTTest, TracedStepsEqualEagerAtTwoResolutions) {
       eager = model.euler_step(eager, testing::device_tensor(*device_, features, {1, 32}, GetParam()),
                                -1.0f / 3);
       t.update(features, {1, 32}, Traced::yes, *device_, GetParam());
-      const Tensor& next = step.traced_with(TraceCall{.key = key}, model, slot, t.data(), -1.0f / 3);
+      const Tensor& next = step.call(CallOptions{.key = key}, model, slot, t.data(), -1.0f / 3);
       ops::copy(next, slot);
     }
     EXPECT_EQ(slot.to_vector<float>(), eager.to_vector<float>()) << tokens << " tokens";

@@ -72,8 +72,8 @@ TEST_F(AutoKeyTest, UnorderedMapInsertionOrderReusesTheTrace) {
   std::unordered_map<std::string, double> a, b(128);
   for (int i = 0; i < 12; ++i) a.emplace(fmt::format("k{}", i), 0.5);
   for (int i = 11; i >= 0; --i) b.emplace(fmt::format("k{}", i), 0.5);
-  EXPECT_EQ(traced.traced(device(), x, a).to_vector<float>(), std::vector<float>(4, 7.0f));
-  EXPECT_EQ(traced.traced(device(), x, b).to_vector<float>(), std::vector<float>(4, 7.0f));
+  EXPECT_EQ(traced(device(), x, a).to_vector<float>(), std::vector<float>(4, 7.0f));
+  EXPECT_EQ(traced(device(), x, b).to_vector<float>(), std::vector<float>(4, 7.0f));
   EXPECT_EQ(traced.stats().captures, 1u);
   EXPECT_EQ(traced.stats().replays, 1u);
 }
@@ -82,8 +82,8 @@ TEST_F(AutoKeyTest, NaNScalarReusesItsTrace) {
   auto traced = traced_function_injected(shifted, {.auto_key = true});
   Tensor x = ops::full({4}, 1.0, device());
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  (void)traced.traced(device(), x, nan);
-  const std::vector<float> out = traced.traced(device(), x, nan).to_vector<float>();
+  (void)traced(device(), x, nan);
+  const std::vector<float> out = traced(device(), x, nan).to_vector<float>();
   EXPECT_TRUE(std::isnan(out[0]));
   EXPECT_EQ(traced.stats().captures, 1u);
   EXPECT_EQ(traced.stats().replays, 1u);
@@ -92,10 +92,10 @@ TEST_F(AutoKeyTest, NaNScalarReusesItsTrace) {
 TEST_F(AutoKeyTest, ANewStructureWithoutLeavesCapturesInsteadOfFailing) {
   auto traced = traced_function_injected(with_extras, {.auto_key = true});
   Tensor x = ops::full({4}, 1.0, device());
-  EXPECT_EQ(traced.traced(device(), x, Extras{{"a", {}}}).to_vector<float>()[0], 1.0f);
-  EXPECT_EQ(traced.traced(device(), x, Extras{{"b", {}}}).to_vector<float>()[0], 1.0f);
-  EXPECT_EQ(traced.traced(device(), x, Extras{}).to_vector<float>()[0], 1.0f);
-  EXPECT_EQ(traced.traced(device(), x, Extras{{"a", {}}}).to_vector<float>()[0], 1.0f);
+  EXPECT_EQ(traced(device(), x, Extras{{"a", {}}}).to_vector<float>()[0], 1.0f);
+  EXPECT_EQ(traced(device(), x, Extras{{"b", {}}}).to_vector<float>()[0], 1.0f);
+  EXPECT_EQ(traced(device(), x, Extras{}).to_vector<float>()[0], 1.0f);
+  EXPECT_EQ(traced(device(), x, Extras{{"a", {}}}).to_vector<float>()[0], 1.0f);
   EXPECT_EQ(traced.stats().captures, 3u);
   EXPECT_EQ(traced.stats().replays, 1u);
 }

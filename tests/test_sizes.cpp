@@ -136,7 +136,7 @@ TEST_F(ZeroSizeTest, EmptyInputsTraceAndReplay) {
   EXPECT_TRUE(step(host).to_vector<float>().empty());
   EXPECT_TRUE(step(host).to_vector<float>().empty());
   EXPECT_TRUE(step(ops::full({0, 4}, 1.0, device())).to_vector<float>().empty());
-  EXPECT_EQ(step.counters().replays, 2u);
+  EXPECT_EQ(step.stats().replays, 2u);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ TEST(StateTensorTest, TimestepInsideAReplayedLoopMatchesEager) {
                                                             : latents,
                                     timestep.data());
         ops::copy(next, std::get<0>(tracer.inputs()));  // feed back into the slot
-        EXPECT_EQ(tracer.counters().copies, 0u) << "step " << i;
+        EXPECT_EQ(tracer.stats().copies, 0u) << "step " << i;
       } else {
         latents = step(latents, timestep.data());
       }

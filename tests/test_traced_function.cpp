@@ -83,12 +83,12 @@ TEST_F(TracedFunctionTest, MethodUntracedAndTraced) {
   Pipeline pipeline;
   pipeline.device = &device();
   Tensor x = ops::full({4}, 1.0, device());
-  EXPECT_EQ(step(pipeline, x, 0.5f).to_vector<float>(), std::vector<float>(4, 2.5f));
+  EXPECT_EQ(step.untraced(pipeline, x, 0.5f).to_vector<float>(), std::vector<float>(4, 2.5f));
   EXPECT_EQ(step.live_traces(pipeline), 0u);
-  const Tensor& y = step.traced(pipeline, x, 0.5f);
+  const Tensor& y = step(pipeline, x, 0.5f);
   EXPECT_EQ(y.to_vector<float>(), std::vector<float>(4, 2.5f));
   const int calls_after_capture = pipeline.calls;
-  const Tensor& z = step.traced(pipeline, ops::full({4}, 3.0, device()), 0.5f);
+  const Tensor& z = step(pipeline, ops::full({4}, 3.0, device()), 0.5f);
   EXPECT_EQ(&z, &y);
   EXPECT_EQ(pipeline.calls, calls_after_capture);  // replayed, not called
   EXPECT_EQ(z.to_vector<float>(), std::vector<float>(4, 6.5f));
@@ -105,8 +105,8 @@ TEST_F(TracedFunctionTest, EachObjectHasItsOwnTracesReleasedWhenItDies) {
     Pipeline b;
     b.device = &device();
     b.gain = 10.0;
-    EXPECT_EQ(step.traced(*a, x, 0.0f).to_vector<float>(), std::vector<float>(8, 2.0f));
-    EXPECT_EQ(step.traced(b, x, 0.0f).to_vector<float>(), std::vector<float>(8, 10.0f));
+    EXPECT_EQ(step(*a, x, 0.0f).to_vector<float>(), std::vector<float>(8, 2.0f));
+    EXPECT_EQ(step(b, x, 0.0f).to_vector<float>(), std::vector<float>(8, 10.0f));
     EXPECT_EQ(device().stats().live_traces, 2u);
     EXPECT_EQ(step.live_traces(b), 1u);
   }
@@ -122,7 +122,7 @@ TEST_F(TracedFunctionTest, ObjectOutlivingTheWrapperIsFine) {
   p.device = &device();
   {
     auto step = traced_method(&Pipeline::step, [](Pipeline& q) -> Device& { return *q.device; });
-    step.traced(p, ops::full({2}, 1.0, device()), 1.0f);
+    step(p, ops::full({2}, 1.0, device()), 1.0f);
     EXPECT_EQ(device().stats().live_traces, 1u);
   }
   EXPECT_EQ(device().stats().live_traces, 0u);  // the wrapper's traces went with it
@@ -134,44 +134,44 @@ TEST_F(TracedFunctionTest, DeviceParameterIsFoundByTypeAndBoundArgumentsSelectTh
   half.scale = 0.5;
   triple.scale = 3.0;
   Tensor x = ops::full({4}, 2.0, device());
-  EXPECT_EQ(traced_scaled(x, device(), half).to_vector<float>(), std::vector<float>(4, 1.0f));
-  EXPECT_EQ(traced_scaled.traced(x, device(), half).to_vector<float>(),
+  EXPECT_EQ(traced_scaled.untraced(x, device(), half).to_vector<float>(), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(traced_scaled(x, device(), half).to_vector<float>(),
             std::vector<float>(4, 1.0f));
-  EXPECT_EQ(traced_scaled.traced(x, device(), triple).to_vector<float>(),
+  EXPECT_EQ(traced_scaled(x, device(), triple).to_vector<float>(),
             std::vector<float>(4, 6.0f));
   EXPECT_EQ(traced_scaled.stats().live_traces, 2u);  // one per manager identity
-  traced_scaled.traced(ops::full({4}, 4.0, device()), device(), half);
+  traced_scaled(ops::full({4}, 4.0, device()), device(), half);
   EXPECT_EQ(traced_scaled.stats().captures, 2u);
   EXPECT_EQ(traced_scaled.stats().replays, 1u);
   auto other = testing::open_test_device({.id = DeviceId{1}});
-  traced_scaled.traced(ops::full({4}, 4.0, *other), *other, half);
+  traced_scaled(ops::full({4}, 4.0, *other), *other, half);
   EXPECT_EQ(traced_scaled.stats().live_traces, 3u);  // and per device
 }
 
 TEST_F(TracedFunctionTest, InjectedDeviceIsNeverSeenByTheFunction) {
   auto traced_plus_one = traced_function_injected(plus_one);
   Tensor x = ops::full({4}, 1.0, device());
-  EXPECT_EQ(traced_plus_one(x).to_vector<float>(), std::vector<float>(4, 2.0f));  // untraced
-  const Tensor& y = traced_plus_one.traced(device(), x);
+  EXPECT_EQ(traced_plus_one.untraced(x).to_vector<float>(), std::vector<float>(4, 2.0f));  // untraced
+  const Tensor& y = traced_plus_one(device(), x);
   EXPECT_EQ(y.to_vector<float>(), std::vector<float>(4, 2.0f));
-  traced_plus_one.traced(device(), ops::full({4}, 5.0, device()));
+  traced_plus_one(device(), ops::full({4}, 5.0, device()));
   EXPECT_EQ(y.to_vector<float>(), std::vector<float>(4, 6.0f));
   EXPECT_EQ(traced_plus_one.stats().captures, 1u);
 }
 
 TEST_F(TracedFunctionTest, TraceKeysHoldSeveralTraces) {
   auto traced_plus_one = traced_function_injected(plus_one);
-  const Tensor& small = traced_plus_one.traced_with(TraceCall{.key = "64"}, device(),
+  const Tensor& small = traced_plus_one.call(CallOptions{.key = "64"}, device(),
                                                     ops::full({64}, 1.0, device()));
-  const Tensor& large = traced_plus_one.traced_with(TraceCall{.key = "128"}, device(),
+  const Tensor& large = traced_plus_one.call(CallOptions{.key = "128"}, device(),
                                                     ops::full({128}, 2.0, device()));
   EXPECT_EQ(traced_plus_one.stats().live_traces, 2u);
-  traced_plus_one.traced_with(TraceCall{.key = "64"}, device(), ops::full({64}, 7.0, device()));
+  traced_plus_one.call(CallOptions{.key = "64"}, device(), ops::full({64}, 7.0, device()));
   EXPECT_EQ(small.to_vector<float>(), std::vector<float>(64, 8.0f));
   EXPECT_EQ(large.to_vector<float>(), std::vector<float>(128, 3.0f));
   // Without a key, a new shape is an error of the default trace, not a new capture.
-  traced_plus_one.traced(device(), ops::full({64}, 1.0, device()));
-  EXPECT_RETRACE_ERROR(traced_plus_one.traced(device(), ops::full({32}, 1.0, device())),
+  traced_plus_one(device(), ops::full({64}, 1.0, device()));
+  EXPECT_RETRACE_ERROR(traced_plus_one(device(), ops::full({32}, 1.0, device())),
                        invalid_argument, "input args[0]: shape [32] does not match");
   traced_plus_one.release_key("64");
   EXPECT_EQ(traced_plus_one.stats().live_traces, 2u);
@@ -186,8 +186,8 @@ TEST_F(TracedFunctionTest, ReleasingOneKeyOneObjectOrAll) {
   a.device = b.device = &device();
   Tensor x = ops::full({4}, 1.0, device());
   for (const char* key : {"x", "y"}) {
-    step.traced_with(TraceCall{.key = key}, a, x, 0.0f);
-    step.traced_with(TraceCall{.key = key}, b, x, 0.0f);
+    step.call(CallOptions{.key = key}, a, x, 0.0f);
+    step.call(CallOptions{.key = key}, b, x, 0.0f);
   }
   EXPECT_EQ(step.stats().live_traces, 4u);
   step.release(a, "x");
@@ -196,7 +196,7 @@ TEST_F(TracedFunctionTest, ReleasingOneKeyOneObjectOrAll) {
   EXPECT_EQ(step.live_traces(b), 0u);
   step.release_key("y");
   EXPECT_EQ(step.stats().live_traces, 0u);
-  step.traced(a, x, 0.0f);
+  step(a, x, 0.0f);
   step.release_all();
   EXPECT_EQ(device().stats().live_traces, 0u);
 }
@@ -207,13 +207,13 @@ TEST_F(TracedFunctionTest, AutomaticKeysCaptureEachShapeAndReplayBitIdentical) {
     (void)dev;
     return ops::add(ops::mul(x, x), s);
   };
-  auto traced = traced_function(fn, TracedOptions{.auto_key = true, .name = "square"});
+  auto traced = traced_function(fn, TraceOptions{.auto_key = true, .name = "square"});
   for (int round = 0; round < 3; ++round) {
     for (std::int64_t n : {64, 96}) {
       const auto values = random_floats(static_cast<std::size_t>(n), 100 * round + n);
       Tensor x = testing::device_tensor(device(), values, {n});
       const auto eager = fn(x, device(), 0.25f).to_vector<float>();
-      EXPECT_EQ(traced.traced(x, device(), 0.25f).to_vector<float>(), eager);
+      EXPECT_EQ(traced(x, device(), 0.25f).to_vector<float>(), eager);
     }
   }
   EXPECT_EQ(traced.stats().captures, 2u);
@@ -227,24 +227,24 @@ TEST_F(TracedFunctionTest, AutomaticKeysCaptureEachShapeAndReplayBitIdentical) {
             1u)
       << logs.all();
   // A new scalar value is a new signature too.
-  traced.traced(ops::full({64}, 1.0, device()), device(), 0.5f);
+  traced(ops::full({64}, 1.0, device()), device(), 0.5f);
   EXPECT_EQ(logs.count(LogLevel::info, "input args[2] is 0.5, the nearest trace has 0.25"), 1u)
       << logs.all();
 }
 
 TEST_F(TracedFunctionTest, ExplainsANewKey) {
   LogLines logs;
-  auto traced = traced_function_injected(plus_one, TracedOptions{.name = "p1"});
-  traced.traced_with(TraceCall{.key = "a"}, device(), ops::full({2}, 1.0, device()));
-  traced.traced_with(TraceCall{.key = "b"}, device(), ops::full({2}, 1.0, device()));
+  auto traced = traced_function_injected(plus_one, TraceOptions{.name = "p1"});
+  traced.call(CallOptions{.key = "a"}, device(), ops::full({2}, 1.0, device()));
+  traced.call(CallOptions{.key = "b"}, device(), ops::full({2}, 1.0, device()));
   EXPECT_EQ(logs.count(LogLevel::info, "p1: capturing a new trace: new trace key \"b\""), 1u);
 }
 
 TEST_F(TracedFunctionTest, LeastRecentlyUsedTraceIsReleasedPastTheCountBound) {
   LogLines logs;
-  auto traced = traced_function_injected(plus_one, TracedOptions{.max_traces = 2, .name = "lru"});
+  auto traced = traced_function_injected(plus_one, TraceOptions{.max_traces = 2, .name = "lru"});
   auto call = [&](const char* key) {
-    return traced.traced_with(TraceCall{.key = key}, device(), ops::full({16}, 1.0, device()))
+    return traced.call(CallOptions{.key = key}, device(), ops::full({16}, 1.0, device()))
         .to_vector<float>();
   };
   call("a");
@@ -266,11 +266,11 @@ TEST_F(TracedFunctionTest, LeastRecentlyUsedTraceIsReleasedPastTheCountBound) {
 
 TEST_F(TracedFunctionTest, LeastRecentlyUsedTraceIsReleasedPastTheByteBound) {
   auto traced = traced_function_injected(
-      plus_one, TracedOptions{.max_trace_bytes = 2 * 4096 * 4 + 1000, .name = "bytes"});
+      plus_one, TraceOptions{.max_trace_bytes = 2 * 4096 * 4 + 1000, .name = "bytes"});
   for (const char* key : {"a", "b", "c", "d"}) {
-    traced.traced_with(TraceCall{.key = key}, device(), ops::full({4096}, 1.0, device()));
+    traced.call(CallOptions{.key = key}, device(), ops::full({4096}, 1.0, device()));
   }
-  const TracedStats stats = traced.stats();
+  const TraceStats stats = traced.stats();
   EXPECT_EQ(stats.live_traces, 2u);
   EXPECT_LE(stats.trace_bytes, 2u * 4096 * 4 + 1000);
   EXPECT_EQ(stats.evictions, 2u);
@@ -279,8 +279,8 @@ TEST_F(TracedFunctionTest, LeastRecentlyUsedTraceIsReleasedPastTheByteBound) {
 TEST_F(TracedFunctionTest, WarnsWhenCapturesKeepHappening) {
   LogLines logs;
   auto traced = traced_function_injected(
-      plus_one, TracedOptions{.auto_key = true, .name = "churn"});
-  for (std::int64_t n = 1; n <= 12; ++n) traced.traced(device(), ops::full({n}, 1.0, device()));
+      plus_one, TraceOptions{.auto_key = true, .name = "churn"});
+  for (std::int64_t n = 1; n <= 12; ++n) traced(device(), ops::full({n}, 1.0, device()));
   EXPECT_EQ(logs.count(LogLevel::warning, "churn: 10 of the last 10 calls captured a new trace"),
             1u)
       << logs.all();
@@ -299,7 +299,7 @@ TEST_F(TracedFunctionTest, CallsFromSeveralThreadsAreSerialised) {
     for (int i = 0; i < 40; ++i) {
       const float value = base + static_cast<float>(i);
       Tensor x = ops::full({256}, value, device(), DType::float32, Layout::row_major, q);
-      const Tensor& y = traced.traced_with(TraceCall{.queue = q, .key = std::to_string(queue)},
+      const Tensor& y = traced.call(CallOptions{.queue = q, .key = std::to_string(queue)},
                                            device(), x, static_cast<std::int64_t>(queue));
       EXPECT_EQ(y.to_vector<float>(q), std::vector<float>(256, value + 1));
     }

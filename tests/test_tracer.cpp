@@ -66,14 +66,14 @@ TEST_F(TracerTest, FirstCallCapturesAndRunsLaterCallsReplay) {
         ++calls;
         return affine(x, scale);
       },
-      device(), TracerOptions{.name = "affine"});
+      device(), TraceOptions{.name = "affine"});
   EXPECT_FALSE(tracer.trace_captured());
   const auto v = random_floats(64, 1);
   Tensor x = device_tensor(device(), v, {64});
   const Tensor& y = tracer(x, 2.0f);
   EXPECT_TRUE(tracer.trace_captured());
   EXPECT_EQ(calls, 2);  // prep run + capture
-  EXPECT_EQ(tracer.counters().captures, 1u);
+  EXPECT_EQ(tracer.stats().captures, 1u);
   EXPECT_EQ(device().stats().live_traces, 1u);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(read(y)[i], v[i] * 2.0f + 1.0f);
 
@@ -81,9 +81,9 @@ TEST_F(TracerTest, FirstCallCapturesAndRunsLaterCallsReplay) {
   const Tensor& z = tracer(device_tensor(device(), w, {64}), 2.0f);
   EXPECT_EQ(calls, 2);  // replays never call the function
   EXPECT_EQ(&z, &y);    // the same output object
-  EXPECT_EQ(tracer.counters().replays, 1u);
-  EXPECT_EQ(tracer.counters().copies, 1u);
-  EXPECT_EQ(tracer.counters().bytes_refreshed, 64u * 4);
+  EXPECT_EQ(tracer.stats().replays, 1u);
+  EXPECT_EQ(tracer.stats().copies, 1u);
+  EXPECT_EQ(tracer.stats().bytes_refreshed, 64u * 4);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(read(z)[i], w[i] * 2.0f + 1.0f);
 }
 
@@ -97,7 +97,7 @@ TEST_F(TracerTest, HostInputsAreMovedAndWrittenIntoSlots) {
   const std::uint64_t slot_address = slot.address();
   tracer(Tensor::from_vector<float>(w, {16}, DType::float32), 3.0f);
   EXPECT_EQ(std::get<0>(tracer.inputs()).address(), slot_address);
-  EXPECT_EQ(tracer.counters().copies, 1u);
+  EXPECT_EQ(tracer.stats().copies, 1u);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(read(y)[i], w[i] * 3.0f + 1.0f);
 }
 
@@ -114,12 +114,12 @@ TEST_F(TracerTest, InputsPassedBackFromSlotsCostNoCopy) {
   tracer(xs);
   const auto& [slots] = tracer.inputs();
   tracer(slots);
-  EXPECT_EQ(tracer.counters().copies, 0u);
-  EXPECT_EQ(tracer.counters().copies_skipped, 8u);
-  EXPECT_EQ(tracer.counters().bytes_refreshed, 0u);
+  EXPECT_EQ(tracer.stats().copies, 0u);
+  EXPECT_EQ(tracer.stats().copies_skipped, 8u);
+  EXPECT_EQ(tracer.stats().bytes_refreshed, 0u);
   // The caller's tensors became the slots: passing them again costs nothing either.
   tracer(xs);
-  EXPECT_EQ(tracer.counters().copies_skipped, 8u);
+  EXPECT_EQ(tracer.stats().copies_skipped, 8u);
 }
 
 TEST_F(TracerTest, ReplayOverwritesTheSameOutputs) {
@@ -153,8 +153,8 @@ TEST_F(TracerTest, RejectedCallChangesNothing) {
                        "captured shape [1, 64, 64]");
   EXPECT_EQ(read(slot_a), std::vector<float>(64 * 64, 1.0f));  // args[0] was not copied
   EXPECT_EQ(read(slot_latents), std::vector<float>(64 * 64, 2.0f));
-  EXPECT_EQ(tracer.counters().replays, 0u);
-  EXPECT_EQ(tracer.counters().copies, 0u);
+  EXPECT_EQ(tracer.stats().replays, 0u);
+  EXPECT_EQ(tracer.stats().copies, 0u);
 }
 
 TEST_F(TracerTest, EveryMismatchIsRejectedWithItsPath) {
@@ -196,14 +196,14 @@ TEST_F(TracerTest, EveryMismatchIsRejectedWithItsPath) {
   EXPECT_RETRACE_ERROR(
       tracer(x, extras({ops::full({4, 4}, 1.0, device())}, {{"steps", 20}}, 0.5f, "heun")),
       invalid_argument, "input args[1][3]: value heun does not match the captured value euler");
-  EXPECT_EQ(tracer.counters().replays, 0u);
+  EXPECT_EQ(tracer.stats().replays, 0u);
   tracer(x, good);
-  EXPECT_EQ(tracer.counters().replays, 1u);
+  EXPECT_EQ(tracer.stats().replays, 1u);
 }
 
 TEST_F(TracerTest, CaptureChecksInputs) {
   auto other = testing::open_test_device({.id = DeviceId{1}});
-  auto tracer = make_tracer(affine, device(), TracerOptions{.name = "affine"});
+  auto tracer = make_tracer(affine, device(), TraceOptions{.name = "affine"});
   EXPECT_RETRACE_ERROR(tracer(ops::full({4}, 1.0, *other), 1.0f), invalid_argument,
                        fmt::format("input args[0]: is on {}, which is not a device of tracer "
                                    "'affine' ({})",
@@ -226,7 +226,7 @@ TEST_F(TracerTest, PrepRunWorksOnClonesOfTheInputs) {
   EXPECT_EQ(read(x), v);  // bit-identical after capture
 
   Tensor y = device_tensor(device(), v, {32});
-  auto unsafe = make_tracer(in_place, device(), TracerOptions{.clone_prep_inputs = false});
+  auto unsafe = make_tracer(in_place, device(), TraceOptions{.clone_prep_inputs = false});
   unsafe.call(CallOptions{.execute_on_capture = false}, y);
   EXPECT_NE(read(y), v);  // without clones, the prep run changed the input
 
@@ -236,7 +236,7 @@ TEST_F(TracerTest, PrepRunWorksOnClonesOfTheInputs) {
         ++calls;
         return ops::add(t, 1.0);
       },
-      device(), TracerOptions{.prep_run = false});
+      device(), TraceOptions{.prep_run = false});
   no_prep(x);
   EXPECT_EQ(calls, 1);
 }
@@ -277,7 +277,7 @@ TEST_F(TracerTest, FunctionThatThrowsLeavesNothingBehind) {
   EXPECT_EQ(device().stats().live_traces, before.live_traces);
   EXPECT_EQ(device().stats().trace_bytes, before.trace_bytes);
   EXPECT_EQ(read(tracer(x)), std::vector<float>(4, 2.0f));  // the next call captures fine
-  EXPECT_EQ(tracer.counters().captures, 1u);
+  EXPECT_EQ(tracer.stats().captures, 1u);
 }
 
 TEST_F(TracerTest, FailedExecutionRightAfterCaptureDoesNotLeakTheTrace) {
@@ -286,7 +286,7 @@ TEST_F(TracerTest, FailedExecutionRightAfterCaptureDoesNotLeakTheTrace) {
         ops::assert_finite(x);
         return ops::add(x, 1.0);
       },
-      device(), TracerOptions{.prep_run = false});
+      device(), TraceOptions{.prep_run = false});
   Tensor bad = Tensor::from_vector<float>({1.0f, std::nanf("")}, {2}, DType::float32)
                    .to_device(device());
   EXPECT_RETRACE_ERROR(tracer(bad), device_error, "op 'assert_finite' failed");
@@ -301,7 +301,7 @@ TEST_F(TracerTest, OutputsMustBeDeviceTensors) {
         (void)ops::add(x, 1.0);
         return Tensor::from_vector<float>({1.0f}, {1}, DType::float32);
       },
-      device(), TracerOptions{.prep_run = false});
+      device(), TraceOptions{.prep_run = false});
   EXPECT_RETRACE_ERROR(tracer(ops::full({2}, 1.0, device())), invalid_argument,
                        "output outputs: is a host tensor");
   EXPECT_FALSE(tracer.trace_captured());
@@ -309,7 +309,7 @@ TEST_F(TracerTest, OutputsMustBeDeviceTensors) {
 }
 
 TEST_F(TracerTest, UntracedCallsFollowTheStateMachine) {
-  auto tracer = make_tracer(affine, device(), TracerOptions{.name = "affine"});
+  auto tracer = make_tracer(affine, device(), TraceOptions{.name = "affine"});
   Tensor x = ops::full({4}, 1.0, device());
   EXPECT_EQ(read(tracer.untraced(x, 2.0f)), std::vector<float>(4, 3.0f));
   EXPECT_FALSE(tracer.trace_captured());
@@ -351,7 +351,7 @@ TEST_F(TracerTest, ReleaseTraceIsIdempotentAndAllowsANewCapture) {
   // A new capture may even use another shape.
   const Tensor& y = tracer(ops::full({3}, 2.0, device()), 1.0f);
   EXPECT_EQ(read(y), std::vector<float>(3, 3.0f));
-  EXPECT_EQ(tracer.counters().captures, 2u);
+  EXPECT_EQ(tracer.stats().captures, 2u);
   EXPECT_EQ(device().stats().live_traces, 1u);
 }
 
@@ -368,7 +368,7 @@ TEST_F(TracerTest, DestroyingTheTracerReleasesItsTrace) {
 TEST_F(TracerTest, ReentrantCallIsRejected) {
   std::function<Tensor(const Tensor&)> inner;
   auto tracer = make_tracer([&](const Tensor& x) { return inner(x); }, device(),
-                            TracerOptions{.prep_run = false, .name = "outer"});
+                            TraceOptions{.prep_run = false, .name = "outer"});
   inner = [&](const Tensor& x) -> Tensor { return tracer(x); };
   EXPECT_RETRACE_ERROR(tracer(ops::full({2}, 1.0, device())), failed_precondition,
                        "tracer 'outer' was called while it is capturing");
@@ -377,7 +377,7 @@ TEST_F(TracerTest, ReentrantCallIsRejected) {
 
 TEST_F(TracerTest, CaptureLogsAtDebugLevel) {
   LogCapture logs;
-  auto tracer = make_tracer(affine, device(), TracerOptions{.name = "logged"});
+  auto tracer = make_tracer(affine, device(), TraceOptions{.name = "logged"});
   tracer(ops::full({2}, 1.0, device()), 1.0f);
   tracer.release_trace();
   EXPECT_TRUE(logs.contains(LogLevel::debug, "tracer 'logged': captured trace"));
@@ -476,11 +476,11 @@ TEST_F(TracerTest, ReplayEqualsEagerBitForBitOverAHundredFreshInputs) {
       EXPECT_EQ(&traced, first_output);
       ASSERT_EQ(read(traced), eager) << "call " << call << " dtype " << dtype_name(dtype);
     }
-    EXPECT_EQ(tracer.counters().captures, 1u);
-    EXPECT_EQ(tracer.counters().replays, 99u);
+    EXPECT_EQ(tracer.stats().captures, 1u);
+    EXPECT_EQ(tracer.stats().replays, 99u);
     // weights (3 tensors) are passed at their slots' addresses: no copy.
-    EXPECT_EQ(tracer.counters().copies_skipped, 3u);
-    EXPECT_EQ(tracer.counters().copies, 2u);
+    EXPECT_EQ(tracer.stats().copies_skipped, 3u);
+    EXPECT_EQ(tracer.stats().copies, 2u);
   }
 }
 

@@ -80,7 +80,7 @@ Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::i
         ops::copy(next, x);
         return next;
       },
-      *device, TracerOptions{.prep_run = true, .clone_prep_inputs = true, .name = "bench step"});
+      *device, TraceOptions{.prep_run = true, .clone_prep_inputs = true, .name = "bench step"});
   const Tensor slot = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
   tracer(slot, t_features);  // capture (and run once)
   FloorDiT floor(model, c.tokens);

@@ -68,7 +68,7 @@ int run_demo(ModelOptions& o) {
   const models::DiTConfig& c = model->config();
   auto step = traced_method(
       &models::DiT::euler_step, [](models::DiT& m) -> Device& { return m.device(); },
-      TracedOptions{.name = "DiT euler_step"});
+      TraceOptions{.name = "DiT euler_step"});
   const std::vector<float> timesteps = models::euler_timesteps(o.steps);
   const float dt = -1.0f / static_cast<float>(o.steps);
   // The latents live on the device several times over (eager, the input slot, the trace's
@@ -129,7 +129,7 @@ int run_demo(ModelOptions& o) {
       const bool first = !step.tracer(*model, key);
       const Tensor& latents = first ? x0 : std::get<0>(step.inputs(*model, key));
       const Tensor& next =
-          step.traced_with(TraceCall{.key = key}, *model, latents, timestep.data(), dt);
+          step.call(CallOptions{.key = key}, *model, latents, timestep.data(), dt);
       ops::copy(next, std::get<0>(step.inputs(*model, key)));
       device->synchronize();
       (first ? capture_ms : traced_ms.emplace_back()) = timing::milliseconds_since(t0);

@@ -49,7 +49,7 @@ int run_inspect(ModelOptions& o, const std::string& dot_path) {
   const models::DiTConfig& c = model->config();
   auto step = make_tracer(
       [&](const Tensor& latents, const Tensor& t) { return model->euler_step(latents, t, -0.05f); },
-      *device, TracerOptions{.name = "DiT euler_step"});
+      *device, TraceOptions{.name = "DiT euler_step"});
   const Tensor latents = ops::full({1, c.tokens, c.hidden}, 0.1, *device, c.dtype);
   const Tensor features =
       Tensor::from_vector<float>(model->timestep_features(0.5f), {1, c.hidden}, c.dtype)

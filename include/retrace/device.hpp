@@ -61,9 +61,13 @@ class Backend;
 class BackendTrace;
 class Device;
 
+class Tensor;
+
 namespace detail {
 class EventState;
 struct DeviceCore;
+// Marks a tracer's output as written by replay `version` (the tracer calls it after replays).
+void stamp_replay_version(Tensor& output, std::uint64_t version) noexcept;
 
 // Shared by a device and every handle that refers to it, so handles can outlive the device
 // safely: the device clears `device` when it closes; the name and uid stay for messages.
@@ -108,9 +112,14 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   [[nodiscard]] void* data() const noexcept { return data_; }
   // The trace whose capture allocated the buffer (still set after that trace is released).
   [[nodiscard]] std::optional<TraceId> trace() const noexcept { return trace_; }
+  // Which replay last overwrote the buffer as a tracer's output (0: none); see Tensor.
+  [[nodiscard]] std::uint64_t replay_version() const noexcept {
+    return replay_version_.load(std::memory_order_relaxed);
+  }
 
  private:
   friend class Device;
+  friend void detail::stamp_replay_version(Tensor& output, std::uint64_t version) noexcept;
   Buffer(std::shared_ptr<detail::DeviceLink> link, void* data, std::uint64_t address,
          std::size_t size, std::optional<TraceId> trace) noexcept;
 
@@ -119,6 +128,7 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   std::uint64_t address_;
   std::size_t size_;
   std::optional<TraceId> trace_;
+  std::atomic<std::uint64_t> replay_version_{0};
 };
 
 // A point in a queue's work. Recorded with Device::record_event, waited on by another queue

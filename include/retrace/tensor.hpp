@@ -91,6 +91,12 @@ class Tensor {
   // A handle on the same storage with another shape of the same storage size.
   [[nodiscard]] Tensor with_shape(const Shape& shape) const;
 
+  // Stale outputs: a tracer's output is overwritten by every replay. The tracer's own output
+  // objects follow (each replay stamps them); a copy taken before a later replay is stale, and
+  // reading it (to_host, clone, passing it to an op) raises failed_precondition saying which
+  // replay overwrote it. 0 for every tensor that is not a traced output.
+  [[nodiscard]] std::uint64_t replay_version() const noexcept { return version_; }
+
   // "Tensor([2, 64], bfloat16, row_major, cpu:0 @0x7f...)".
   [[nodiscard]] std::string to_string() const;
 
@@ -104,12 +110,15 @@ class Tensor {
   Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::byte> host, const Shape& shape,
          DType dtype, Layout layout, std::size_t bytes);
 
+  friend void detail::stamp_replay_version(Tensor& output, std::uint64_t version) noexcept;
+
   std::shared_ptr<Buffer> buffer_;
   std::shared_ptr<std::byte> host_;  // never null for a host tensor, even with 0 bytes
   std::size_t bytes_ = 0;
   Shape shape_;
   DType dtype_ = DType::float32;
   Layout layout_ = Layout::row_major;
+  std::uint64_t version_ = 0;  // the replay of its buffer this handle saw (see replay_version)
 };
 
 }  // namespace retrace

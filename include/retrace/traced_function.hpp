@@ -1,6 +1,7 @@
-// Traced functions and methods: wrappers that can be called untraced (a plain call, no
-// overhead) or traced (capture on the first call, replay afterwards), with several traces per
-// wrapper selected by a key.
+// Traced functions and methods: wrappers that capture on the first call and replay afterwards,
+// with several traces per wrapper selected by a key (any string, integer or tuple of them).
+// They speak the Tracer's vocabulary: operator() is a traced call, call(CallOptions, ...) one
+// with options, untraced(...) the plain function call (no overhead), TraceOptions configure them.
 //
 // Three ways to find the device, as in the ttnn decorator:
 //
@@ -13,29 +14,30 @@
 //       };
 //       auto step = retrace::traced_method(&Pipeline::step,
 //                                          [](Pipeline& p) -> Device& { return *p.device; });
-//       step(pipeline, x, 0.5f);          // untraced
-//       step.traced(pipeline, x, 0.5f);   // traced
+//       step.untraced(pipeline, x, 0.5f);  // a plain call
+//       step(pipeline, x, 0.5f);           // traced
 //
 //  2. A device parameter. A free function takes a `Device&` (found by its type). Parameters that
-//     are not trees (a manager, a callback, a config struct without RETRACE_FIELDS) must be
-//     references or pointers: they are bound, and the trace is chosen by their identity and the
-//     device's:
+//     are not trees (a manager, a callback, a config struct without RETRACE_FIELDS) are bound,
+//     and the trace is chosen by their identity and the device's: they are references or
+//     pointers to a retrace::TraceOwner, std::shared_ptrs, or function pointers:
 //
 //       Tensor attention(const Tensor& x, Device& device, const CclManager& ccl);
 //       auto traced_attention = retrace::traced_function(attention);
-//       traced_attention.traced(x, device, ccl);
+//       traced_attention(x, device, ccl);
 //
-//  3. An injected device. The function takes no device; the wrapper is given one per traced
-//     call as the first argument:
+//  3. An injected device. The function takes no device; the wrapper is given one per call as
+//     the first argument:
 //
 //       auto traced_gelu = retrace::traced_function_injected(gelu);
-//       traced_gelu.traced(device, x);
+//       traced_gelu(device, x);
 //
-// Per call (traced_with(TraceCall{...}, ...)): queue, blocking, execute-on-capture and a trace
-// key ("1024x1024") selecting one of several traces. TracedOptions add automatic keys (a trace
-// per input signature), bounds on the number and bytes of traces (least recently used released
-// first) and explanations: every new capture logs why at info level, and a warning says when
-// captures keep happening.
+// Per call (call(CallOptions{...}, ...)): queue, blocking, execute-on-capture and a trace key
+// selecting one of several traces. TraceOptions add automatic keys (a trace per input
+// signature), bounds on the number and bytes of traces (least recently used released first)
+// and explanations: every new capture logs why at info level (last_capture_reason() returns
+// it), and a warning says when captures keep happening. inputs(options, args...) gives the
+// input slots of the trace such a call selects, to pass back at no cost.
 //
 // Thread safety: a wrapper may be called from several threads; its calls are serialised. The
 // outputs of a traced call are the trace's outputs (see Tracer): they are overwritten by that
@@ -58,32 +60,6 @@
 #include <vector>
 
 namespace retrace {
-
-struct TraceCall {
-  QueueId queue = kDefaultQueue;
-  Blocking blocking = Blocking::yes;
-  bool execute_on_capture = true;
-  std::string key{};  // selects one of several traces; "" is the default trace
-};
-
-struct TracedOptions {
-  bool prep_run = true;
-  bool clone_prep_inputs = true;
-  // Key traces by the input signature (shapes, dtypes, layouts, devices, scalar values): a new
-  // shape captures a new trace instead of failing the shape check.
-  bool auto_key = false;
-  std::size_t max_traces = 0;       // 0: unbounded
-  std::size_t max_trace_bytes = 0;  // 0: unbounded
-  std::string name = "traced function";
-};
-
-struct TracedStats {
-  std::size_t live_traces = 0;
-  std::size_t trace_bytes = 0;
-  std::uint64_t captures = 0;
-  std::uint64_t replays = 0;
-  std::uint64_t evictions = 0;
-};
 
 // Base class of objects whose traces are their own: the object of a traced method, and an
 // object bound by identity to a traced function (a manager, a communicator). Its traces are
@@ -121,7 +97,7 @@ struct CacheKey {
   std::uint64_t device = 0;  // Device::uid()
   std::vector<std::uint64_t> bound_owners;
   std::vector<std::uintptr_t> bound_addresses;
-  std::string key;
+  TraceKey key;
   std::optional<InputSignature> signature;
   bool operator==(const CacheKey&) const = default;
   [[nodiscard]] bool involves(std::uint64_t owner_id) const noexcept;
@@ -133,19 +109,28 @@ struct CacheKeyHash {
 // The non-template part of a trace cache: bookkeeping, explanations, warnings.
 class CacheBook {
  public:
-  explicit CacheBook(TracedOptions options) : options_(std::move(options)) {}
-  [[nodiscard]] const TracedOptions& options() const noexcept { return options_; }
-  [[nodiscard]] CallOptions call_options(const TraceCall& call) const noexcept {
-    return CallOptions{call.queue, call.blocking, call.execute_on_capture};
+  explicit CacheBook(TraceOptions options) : options_(std::move(options)) {}
+  [[nodiscard]] const TraceOptions& options() const noexcept { return options_; }
+  // The options a wrapper's Tracer gets: its own (one trace each); the key chose it already.
+  [[nodiscard]] TraceOptions tracer_options() const {
+    TraceOptions single;
+    single.prep_run = options_.prep_run;
+    single.clone_prep_inputs = options_.clone_prep_inputs;
+    single.name = options_.name;
+    return single;
+  }
+  [[nodiscard]] static CallOptions tracer_call(const CallOptions& call) noexcept {
+    return CallOptions{call.queue, call.blocking, call.execute_on_capture, {}};
   }
   // Why a capture happens, given the keys of the live traces.
   [[nodiscard]] std::string explain(const CacheKey& key, const std::vector<const CacheKey*>& live,
                                     const std::function<std::string(std::size_t)>& path_of) const;
   void note_call(bool captured);
-  TracedStats stats;
+  TraceStats stats;
+  std::string last_reason;
 
  private:
-  TracedOptions options_;
+  TraceOptions options_;
   std::deque<bool> recent_;
   std::size_t calls_since_warning_ = 0;
 };
@@ -155,17 +140,18 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
  public:
   using Outputs = typename TracerT::Outputs;
 
-  explicit TraceCache(TracedOptions options) : book_(std::move(options)) {}
+  explicit TraceCache(TraceOptions options) : book_(std::move(options)) {}
 
   // `owners`: the TraceOwners the key involves (their traces die with them).
   template <class MakeTracer, class PathOf, class... Ts>
-  const Outputs& call(CacheKey key, const TraceCall& call, std::span<TraceOwner* const> owners,
+  const Outputs& call(CacheKey key, const CallOptions& call, std::span<TraceOwner* const> owners,
                       MakeTracer&& make_tracer, PathOf&& path_of, const Ts&... tree_args) {
     std::lock_guard lock(mutex_);
     if (auto it = entries_.find(key); it != entries_.end()) {
       it->second.last_used = ++clock_;
-      const Outputs& outputs = it->second.tracer->call(book_.call_options(call), tree_args...);
+      const Outputs& outputs = it->second.tracer->call(CacheBook::tracer_call(call), tree_args...);
       ++book_.stats.replays;
+      note_copies(*it->second.tracer);
       book_.note_call(false);
       return outputs;
     }
@@ -173,27 +159,31 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     std::erase_if(entries_, [](const auto& item) { return !item.second.tracer->devices_open(); });
     std::vector<const CacheKey*> live;
     for (const auto& [k, entry] : entries_) live.push_back(&k);
-    const std::string why = book_.explain(key, live, path_of);
-    log(LogLevel::info, "{}: capturing a new trace: {}", book_.options().name, why);
+    book_.last_reason = book_.explain(key, live, path_of);
+    log(LogLevel::info, "{}: capturing a new trace: {}", book_.options().name, book_.last_reason);
     std::unique_ptr<TracerT> tracer = make_tracer();
-    (void)tracer->call(book_.call_options(call), tree_args...);
+    (void)tracer->call(CacheBook::tracer_call(call), tree_args...);
     const std::size_t bytes = tracer->trace_bytes();
     auto [it, inserted] = entries_.emplace(std::move(key), Entry{std::move(tracer), ++clock_, bytes});
     for (TraceOwner* owner : owners) {
       if (owner != nullptr && owners_.insert(owner->trace_owner_id()).second) register_owner(*owner);
     }
     ++book_.stats.captures;
+    note_copies(*it->second.tracer);
     book_.note_call(true);
     enforce_bounds(it->first);
     return it->second.tracer->outputs();
   }
+
+  // The tracer a call with this key would use (null if none yet).
+  [[nodiscard]] const TracerT* find_for(const CacheKey& key) const { return find(key); }
 
   void release_all() {
     std::lock_guard lock(mutex_);
     entries_.clear();
   }
   // Every trace with this key (in every context).
-  void release_key(const std::string& key) {
+  void release_key(const TraceKey& key) {
     erase_if([&](const CacheKey& k) { return k.key == key; });
   }
   // Every trace that involves the owner (as the method's object or a bound argument).
@@ -202,12 +192,12 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     std::lock_guard lock(mutex_);
     owners_.erase(owner);
   }
-  void release_owner_key(std::uint64_t owner, const std::string& key) {
+  void release_owner_key(std::uint64_t owner, const TraceKey& key) {
     erase_if([&](const CacheKey& k) { return k.owner == owner && k.key == key; });
   }
-  [[nodiscard]] TracedStats stats() const {
+  [[nodiscard]] TraceStats stats() const {
     std::lock_guard lock(mutex_);
-    TracedStats s = book_.stats;
+    TraceStats s = book_.stats;
     s.live_traces = entries_.size();
     for (const auto& [k, entry] : entries_) s.trace_bytes += entry.bytes;
     return s;
@@ -224,7 +214,11 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     for (const auto& [k, entry] : entries_) n += k.owner == owner ? 1 : 0;
     return n;
   }
-  [[nodiscard]] const TracedOptions& options() const noexcept { return book_.options(); }
+  [[nodiscard]] const TraceOptions& options() const noexcept { return book_.options(); }
+  [[nodiscard]] std::string last_capture_reason() const {
+    std::lock_guard lock(mutex_);
+    return book_.last_reason;
+  }
 
  private:
   struct Entry {
@@ -232,6 +226,13 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     std::uint64_t last_used;
     std::size_t bytes;
   };
+
+  void note_copies(const TracerT& tracer) {
+    const TraceStats last = tracer.stats();
+    book_.stats.bytes_refreshed = last.bytes_refreshed;
+    book_.stats.copies = last.copies;
+    book_.stats.copies_skipped = last.copies_skipped;
+  }
 
   template <class Pred>
   void erase_if(Pred pred) {
@@ -248,7 +249,7 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
 
   // Releases least recently used traces (never the newest) while a bound is exceeded.
   void enforce_bounds(const CacheKey& newest) {
-    const TracedOptions& o = book_.options();
+    const TraceOptions& o = book_.options();
     auto total_bytes = [&] {
       std::size_t b = 0;
       for (const auto& [k, e] : entries_) b += e.bytes;
@@ -263,9 +264,10 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
       }
       if (victim == entries_.end()) break;
       log(LogLevel::info,
-          "{}: released the least recently used trace (key \"{}\", {} bytes) to stay within "
+          "{}: released the least recently used trace (key {}, {} bytes) to stay within "
           "max_traces={} and max_trace_bytes={}",
-          o.name, victim->first.key, victim->second.bytes, o.max_traces, o.max_trace_bytes);
+          o.name, victim->first.key.to_string(), victim->second.bytes, o.max_traces,
+          o.max_trace_bytes);
       entries_.erase(victim);
       ++book_.stats.evictions;
     }
@@ -392,7 +394,7 @@ class TracedMethod {
   struct Invoker {
     Method method;
     Obj* object;
-    R operator()(const std::remove_cvref_t<A>&... args) const {
+    R operator()(std::remove_cvref_t<A>&... args) const {
       return std::invoke(method, *object, args...);
     }
   };
@@ -401,68 +403,82 @@ class TracedMethod {
  public:
   using Outputs = typename TracerT::Outputs;
 
-  TracedMethod(Method method, std::function<Device&(Obj&)> device_of, TracedOptions options)
+  TracedMethod(Method method, std::function<Device&(Obj&)> device_of, TraceOptions options)
       : method_(method),
         device_of_(std::move(device_of)),
         cache_(std::make_shared<detail::TraceCache<TracerT>>(std::move(options))) {}
 
-  // Untraced: exactly the method call.
-  R operator()(Obj& object, const std::remove_cvref_t<A>&... args) const {
-    return std::invoke(method_, object, args...);
+  // A traced call with default options: the object's trace for the default key.
+  const Outputs& operator()(Obj& object, const std::remove_cvref_t<A>&... args) {
+    return call(CallOptions{}, object, args...);
   }
-  const Outputs& traced(Obj& object, const std::remove_cvref_t<A>&... args) {
-    return traced_with(TraceCall{}, object, args...);
-  }
-  const Outputs& traced_with(const TraceCall& call, Obj& object,
-                             const std::remove_cvref_t<A>&... args) {
+  const Outputs& call(const CallOptions& options, Obj& object,
+                      const std::remove_cvref_t<A>&... args) {
     Device& device = device_of_(object);
     device.link()->require_open(cache_->options().name);
-    detail::CacheKey key = key_of(object, device, call.key);
+    detail::CacheKey key = key_of(object, device, options.key);
     if (cache_->options().auto_key) key.signature = make_signature(&device, {}, args...);
     auto make = [&] {
-      const TracedOptions& o = cache_->options();
-      return std::make_unique<TracerT>(
-          Invoker{method_, &object}, device,
-          TracerOptions{o.prep_run, o.clone_prep_inputs, o.name, {}});
+      return std::make_unique<TracerT>(Invoker{method_, &object}, device,
+                                       detail::CacheBook{cache_->options()}.tracer_options());
     };
     auto path_of = [&](std::size_t leaf) { return leaf_path(leaf, {}, args...); };
     TraceOwner* const owners[] = {&object};
-    return cache_->call(std::move(key), call, owners, make, path_of, args...);
+    return cache_->call(std::move(key), options, owners, make, path_of, args...);
+  }
+  // The plain method call, no trace.
+  R untraced(Obj& object, const std::remove_cvref_t<A>&... args) const {
+    return std::invoke(method_, object, args...);
   }
 
-  // The input slots of the object's trace for `key` (pass them back: no copy). Not available
-  // with automatic keys.
-  [[nodiscard]] const typename TracerT::Inputs& inputs(Obj& object,
-                                                       const std::string& key = "") const {
-    const TracerT* found = tracer(object, key);
-    RETRACE_CHECK(found != nullptr, failed_precondition,
-                  "{}: no trace for this object with key \"{}\"; make a traced call first",
-                  cache_->options().name, key);
-    return found->inputs();
+  // The input slots of the trace a call with these options and arguments selects (pass them
+  // back: no copy); failed_precondition if that call has not captured yet.
+  [[nodiscard]] const typename TracerT::Inputs& inputs(const CallOptions& options, Obj& object,
+                                                       const std::remove_cvref_t<A>&... args) const {
+    return require(tracer(options, object, args...), object).inputs();
   }
-  // The tracer behind the object's trace for `key` (null if none), e.g. to inspect its trace.
-  [[nodiscard]] const TracerT* tracer(Obj& object, const std::string& key = "") const {
+  // The same for the object's trace with `key` (not with automatic keys, which need the args).
+  [[nodiscard]] const typename TracerT::Inputs& inputs(Obj& object, const TraceKey& key = {}) const {
+    return require(tracer(object, key), object).inputs();
+  }
+  // The tracer behind that trace (null if none), e.g. to inspect its trace.
+  [[nodiscard]] const TracerT* tracer(const CallOptions& options, Obj& object,
+                                      const std::remove_cvref_t<A>&... args) const {
+    Device& device = device_of_(object);
+    detail::CacheKey key = key_of(object, device, options.key);
+    if (cache_->options().auto_key) key.signature = make_signature(&device, {}, args...);
+    return cache_->find(key);
+  }
+  [[nodiscard]] const TracerT* tracer(Obj& object, const TraceKey& key = {}) const {
     return cache_->find(key_of(object, device_of_(object), key));
   }
 
   void release(Obj& object) { cache_->release_owner(object.trace_owner_id()); }
-  void release(Obj& object, const std::string& key) {
+  void release(Obj& object, const TraceKey& key) {
     cache_->release_owner_key(object.trace_owner_id(), key);
   }
-  void release_key(const std::string& key) { cache_->release_key(key); }
+  void release_key(const TraceKey& key) { cache_->release_key(key); }
   void release_all() { cache_->release_all(); }
   [[nodiscard]] std::size_t live_traces(const Obj& object) const {
     return cache_->live_traces(object.trace_owner_id());
   }
-  [[nodiscard]] TracedStats stats() const { return cache_->stats(); }
+  [[nodiscard]] TraceStats stats() const { return cache_->stats(); }
+  // Why the last capture happened ("new trace key 256", "new input signature: ...").
+  [[nodiscard]] std::string last_capture_reason() const { return cache_->last_capture_reason(); }
 
  private:
-  static detail::CacheKey key_of(const Obj& object, const Device& device, const std::string& key) {
+  static detail::CacheKey key_of(const Obj& object, const Device& device, const TraceKey& key) {
     detail::CacheKey k;
     k.owner = object.trace_owner_id();
     k.device = device.uid();
     k.key = key;
     return k;
+  }
+  const TracerT& require(const TracerT* found, const Obj& object) const {
+    RETRACE_CHECK(found != nullptr, failed_precondition,
+                  "{}: no trace for object #{} with this key; make a traced call first",
+                  cache_->options().name, object.trace_owner_id());
+    return *found;
   }
 
   Method method_;
@@ -472,13 +488,13 @@ class TracedMethod {
 
 template <class Obj, class R, class... A, class DeviceOf>
 [[nodiscard]] auto traced_method(R (Obj::*method)(A...), DeviceOf device_of,
-                                 TracedOptions options = {}) {
+                                 TraceOptions options = {}) {
   return TracedMethod<Obj, R (Obj::*)(A...), R, A...>(method, std::move(device_of),
                                                       std::move(options));
 }
 template <class Obj, class R, class... A, class DeviceOf>
 [[nodiscard]] auto traced_method(R (Obj::*method)(A...) const, DeviceOf device_of,
-                                 TracedOptions options = {}) {
+                                 TraceOptions options = {}) {
   return TracedMethod<Obj, R (Obj::*)(A...) const, R, A...>(method, std::move(device_of),
                                                             std::move(options));
 }
@@ -525,15 +541,14 @@ class TracedFunction {
       const Fn* function;
       Device* device;
       BoundTuple bound;
-      R operator()(const std::remove_cvref_t<std::tuple_element_t<I, std::tuple<P...>>>&... tree)
-          const {
+      R operator()(std::remove_cvref_t<std::tuple_element_t<I, std::tuple<P...>>>&... tree) const {
         auto trees = std::forward_as_tuple(tree...);
         return [&]<std::size_t... J>(std::index_sequence<J...>) -> R {
           return std::invoke(*function, argument<J>(trees)...);
         }(std::index_sequence_for<P...>{});
       }
       template <std::size_t J, class Trees>
-      decltype(auto) argument(const Trees& trees) const {
+      decltype(auto) argument(Trees& trees) const {
         constexpr detail::ParamKind kind = Params::kinds[J];
         if constexpr (kind == detail::ParamKind::device) {
           return (*device);
@@ -558,75 +573,118 @@ class TracedFunction {
  public:
   using Outputs = typename TracerT::Outputs;
 
-  TracedFunction(Fn function, TracedOptions options)
+  TracedFunction(Fn function, TraceOptions options)
       : function_(std::make_unique<Fn>(std::move(function))),
         cache_(std::make_shared<detail::TraceCache<TracerT>>(std::move(options))) {}
 
-  // Untraced: exactly the function call.
+  // A traced call with default options. Mode 2: the function's own arguments, device included.
+  // Mode 3: the device, then the function's arguments.
   template <class... Ts>
-  R operator()(Ts&&... args) const {
+  const Outputs& operator()(Ts&&... args) {
+    return call(CallOptions{}, std::forward<Ts>(args)...);
+  }
+  template <class... Ts>
+  const Outputs& call(const CallOptions& options, Ts&&... args) {
+    return with_device(
+        [&](Device& device, auto& all) -> const Outputs& { return dispatch(options, device, all); },
+        args...);
+  }
+  // The plain function call (mode 3: without the device), no trace.
+  template <class... Ts>
+  R untraced(Ts&&... args) const {
     return std::invoke(*function_, std::forward<Ts>(args)...);
   }
 
-  // Mode 2: traced(args...) with the function's own arguments, device included.
-  // Mode 3: traced(device, args...).
+  // The input slots of the trace a call with these options and arguments selects (pass them
+  // back: no copy); failed_precondition if that call has not captured yet.
   template <class... Ts>
-  const Outputs& traced(Ts&&... args) {
-    return traced_with(TraceCall{}, std::forward<Ts>(args)...);
+  [[nodiscard]] const typename TracerT::Inputs& inputs(const CallOptions& options,
+                                                       Ts&&... args) const {
+    const TracerT* found = tracer(options, std::forward<Ts>(args)...);
+    RETRACE_CHECK(found != nullptr, failed_precondition,
+                  "{}: no trace for these arguments and key {}; make a traced call first",
+                  cache_->options().name, options.key.to_string());
+    return found->inputs();
+  }
+  // The tracer behind that trace (null if none), e.g. to inspect its trace.
+  template <class... Ts>
+  [[nodiscard]] const TracerT* tracer(const CallOptions& options, Ts&&... args) const {
+    return with_device(
+        [&](Device& device, auto& all) -> const TracerT* {
+          std::vector<TraceOwner*> owners;
+          BoundTuple bound = bound_of(all, kinds_sequence<detail::ParamKind::bound>());
+          return cache_->find(key_for(options, device, all, bound, owners));
+        },
+        args...);
   }
 
-  template <class... Ts>
-  const Outputs& traced_with(const TraceCall& call, Ts&&... args) {
-    if constexpr (Injected) {
-      return traced_injected(call, std::forward<Ts>(args)...);
-    } else {
-      static_assert(sizeof...(Ts) == sizeof...(P),
-                    "retrace::traced_function: traced() takes the function's arguments");
-      auto all = std::forward_as_tuple(args...);
-      Device& device = std::get<Params::template index_of<detail::ParamKind::device, 0>()>(all);
-      return dispatch(call, device, all);
-    }
-  }
-
-  void release_key(const std::string& key) { cache_->release_key(key); }
+  void release_key(const TraceKey& key) { cache_->release_key(key); }
   void release_all() { cache_->release_all(); }
-  [[nodiscard]] TracedStats stats() const { return cache_->stats(); }
+  [[nodiscard]] TraceStats stats() const { return cache_->stats(); }
+  // Why the last capture happened ("first traced call", "new trace key 256", ...).
+  [[nodiscard]] std::string last_capture_reason() const { return cache_->last_capture_reason(); }
 
  private:
-  template <class... Ts>
-  const Outputs& traced_injected(const TraceCall& call, Device& device, Ts&&... args) {
+  // Calls f(device, arguments) with the function's arguments as a tuple of references.
+  template <class F, class... Ts>
+  static decltype(auto) with_device(F&& f, Ts&... args) {
+    if constexpr (Injected) {
+      return inject(f, args...);
+    } else {
+      static_assert(sizeof...(Ts) == sizeof...(P),
+                    "retrace::traced_function: a traced call takes the function's arguments");
+      auto all = std::forward_as_tuple(args...);
+      Device& device = std::get<Params::template index_of<detail::ParamKind::device, 0>()>(all);
+      return f(device, all);
+    }
+  }
+  template <class F, class D, class... Ts>
+  static decltype(auto) inject(F& f, D& device, Ts&... args) {
+    static_assert(std::is_same_v<std::remove_cvref_t<D>, Device>,
+                  "retrace::traced_function_injected: a traced call takes the device first");
     static_assert(sizeof...(Ts) == sizeof...(P),
-                  "retrace::traced_function_injected: traced() takes the device, then the "
+                  "retrace::traced_function_injected: a traced call takes the device, then the "
                   "function's arguments (the device only once)");
     auto all = std::forward_as_tuple(args...);
-    return dispatch(call, device, all);
+    return f(static_cast<Device&>(device), all);
+  }
+
+  // The key a call selects: the device's uid, the bound arguments' identities, the user's key,
+  // and with automatic keys the input signature.
+  template <class All>
+  detail::CacheKey key_for(const CallOptions& options, Device& device, All& all,
+                           const BoundTuple& bound, std::vector<TraceOwner*>& owners) const {
+    detail::CacheKey key;
+    key.device = device.uid();
+    key.key = options.key;
+    std::apply([&](const auto&... held) { (identify(held, key, owners), ...); }, bound);
+    if (cache_->options().auto_key) {
+      [&]<std::size_t... T>(std::index_sequence<T...>) {
+        static constexpr std::array<std::size_t, sizeof...(T)> positions{T...};
+        key.signature = make_signature(&device, positions, std::get<T>(all)...);
+      }(kinds_sequence<detail::ParamKind::tree>());
+    }
+    return key;
   }
 
   template <class All>
-  const Outputs& dispatch(const TraceCall& call, Device& device, All& all) {
+  const Outputs& dispatch(const CallOptions& options, Device& device, All& all) {
     device.link()->require_open(cache_->options().name);
     BoundTuple bound = bound_of(all, kinds_sequence<detail::ParamKind::bound>());
-    detail::CacheKey key;
-    key.device = device.uid();
-    key.key = call.key;
     std::vector<TraceOwner*> owners;
-    std::apply([&](const auto&... held) { (identify(held, key, owners), ...); }, bound);
+    detail::CacheKey key = key_for(options, device, all, bound, owners);
     return [&]<std::size_t... T>(std::index_sequence<T...>) -> const Outputs& {
       static constexpr std::array<std::size_t, sizeof...(T)> positions{T...};
-      if (cache_->options().auto_key) {
-        key.signature = make_signature(&device, positions, std::get<T>(all)...);
-      }
       auto make = [&] {
-        const TracedOptions& o = cache_->options();
-        return std::make_unique<TracerT>(
-            Invoker{function_.get(), &device, bound}, device,
-            TracerOptions{o.prep_run, o.clone_prep_inputs, o.name,
-                          std::vector<std::size_t>(positions.begin(), positions.end())});
+        auto tracer = std::make_unique<TracerT>(Invoker{function_.get(), &device, bound}, device,
+                                                detail::CacheBook{cache_->options()}.tracer_options());
+        tracer->set_argument_positions(std::vector<std::size_t>(positions.begin(), positions.end()));
+        return tracer;
       };
       auto path_of = [&](std::size_t leaf) {
         return leaf_path(leaf, positions, std::get<T>(all)...);
       };
-      return cache_->call(std::move(key), call, owners, make, path_of, std::get<T>(all)...);
+      return cache_->call(std::move(key), options, owners, make, path_of, std::get<T>(all)...);
     }(kinds_sequence<detail::ParamKind::tree>());
   }
 
@@ -673,14 +731,14 @@ struct TracedFunctionFor<Injected, Fn, std::tuple<P...>> {
 }  // namespace detail
 
 template <class Fn>
-[[nodiscard]] auto traced_function(Fn function, TracedOptions options = {}) {
+[[nodiscard]] auto traced_function(Fn function, TraceOptions options = {}) {
   using T = typename detail::TracedFunctionFor<false, Fn,
                                                typename detail::CallableTraits<Fn>::ParamTuple>::type;
   return T(std::move(function), std::move(options));
 }
 
 template <class Fn>
-[[nodiscard]] auto traced_function_injected(Fn function, TracedOptions options = {}) {
+[[nodiscard]] auto traced_function_injected(Fn function, TraceOptions options = {}) {
   using T = typename detail::TracedFunctionFor<true, Fn,
                                                typename detail::CallableTraits<Fn>::ParamTuple>::type;
   return T(std::move(function), std::move(options));

@@ -42,6 +42,7 @@
 #include "retrace/log.hpp"
 #include "retrace/ops.hpp"
 #include "retrace/tensor.hpp"
+#include "retrace/trace_key.hpp"
 #include "retrace/tree.hpp"
 
 #include <bit>
@@ -58,24 +59,34 @@
 
 namespace retrace {
 
-struct TracerOptions {
+// Options of a Tracer and of the traced wrappers (retrace/traced_function.hpp): one type.
+struct TraceOptions {
   bool prep_run = true;           // run the function once on the inputs before capturing
   bool clone_prep_inputs = true;  // ... on clones, so the real inputs stay untouched
-  std::string name = "tracer";    // used in log lines and error messages
-  // Position of each argument in the caller's parameter list, for error paths ("args[2]") when
-  // a wrapper passes only some of its parameters to the tracer. Empty: 0, 1, 2, ...
-  std::vector<std::size_t> argument_positions{};
+  // Traced wrappers only (a Tracer holds one trace; setting these on one is an error):
+  // key traces by the input signature (shapes, dtypes, layouts, devices, scalar values), so a
+  // new shape captures a new trace instead of failing the shape check;
+  bool auto_key = false;
+  std::size_t max_traces = 0;       // bound on live traces (0: none), least recently used first
+  std::size_t max_trace_bytes = 0;  // bound on their trace memory (0: none)
+  std::string name = "traced function";  // used in log lines and error messages
 };
 
+// Options of one call, for a Tracer and for the traced wrappers: one type.
 struct CallOptions {
   QueueId queue = kDefaultQueue;
   Blocking blocking = Blocking::yes;  // several devices: always non-blocking (with a warning)
   bool execute_on_capture = true;     // run the trace right after capturing it
+  TraceKey key{};  // traced wrappers: which trace (a Tracer holds one: the default key only)
 };
 
-struct TracerCounters {
+// What a Tracer or a traced wrapper did.
+struct TraceStats {
   std::uint64_t captures = 0;
   std::uint64_t replays = 0;
+  std::uint64_t evictions = 0;  // traces released by the bounds
+  std::size_t live_traces = 0;
+  std::size_t trace_bytes = 0;
   // Of the last traced call:
   std::size_t bytes_refreshed = 0;  // bytes copied into input slots
   std::size_t copies = 0;           // tensor leaves copied into their slots
@@ -95,25 +106,38 @@ bool same_scalar(const T& a, const T& b) {
   }
 }
 
-// Shared, non-template parts of the tracer.
+// Shared, non-template parts of the tracer. Movable: a moved-from core is idle and owns no
+// traces.
 class TracerCore {
  public:
-  TracerCore(std::vector<Device*> devices, TracerOptions options);
+  TracerCore(std::vector<Device*> devices, TraceOptions options);
+  TracerCore(TracerCore&& other) noexcept;
+  TracerCore& operator=(TracerCore&& other) noexcept;
   TracerCore(const TracerCore&) = delete;
   TracerCore& operator=(const TracerCore&) = delete;
   ~TracerCore();
 
   [[nodiscard]] const std::vector<Device*>& devices() const noexcept { return devices_; }
-  [[nodiscard]] const TracerOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const TraceOptions& options() const noexcept { return options_; }
   [[nodiscard]] TracerState state() const noexcept { return state_; }
-  [[nodiscard]] const TracerCounters& counters() const noexcept { return counters_; }
+  [[nodiscard]] TraceStats stats() const;
   [[nodiscard]] const std::vector<TraceId>& trace_ids() const noexcept { return traces_; }
-  // Trace memory and commands of the captured traces, summed over devices.
+  [[nodiscard]] const std::string& last_capture_reason() const noexcept { return reason_; }
+  // Trace memory of the captured traces, summed over devices.
   [[nodiscard]] std::size_t trace_bytes() const;
+  // Where a wrapper's tree arguments sit in its caller's parameter list ("args[2]").
+  void set_argument_positions(std::vector<std::size_t> positions) {
+    positions_ = std::move(positions);
+  }
+  [[nodiscard]] std::size_t position(std::size_t i) const noexcept {
+    return i < positions_.size() ? positions_[i] : i;
+  }
 
   // Throws failed_precondition naming the first of the tracer's devices that was closed.
   void require_devices_open(std::string_view what) const;
   [[nodiscard]] bool devices_open() const noexcept;
+  // A Tracer holds one trace: only the default key.
+  void check_call(const CallOptions& options) const;
 
   // Capture-time checks and moves of one tensor leaf. A tensor passed for two inputs gets a
   // slot of its own for the second (a copy), so later calls may pass two different tensors.
@@ -143,41 +167,65 @@ class TracerCore {
   void abort_capture(QueueId queue) noexcept;
   void execute(const CallOptions& options);
   void start_call() noexcept;
-  void note_replay() noexcept { ++counters_.replays; }
+  void note_replay() noexcept { ++stats_.replays; }
   void require_function(bool has_function, std::string_view what) const;
   void require_untraced_allowed(bool has_function) const;
   void require_captured(std::string_view what) const;
   void mark_captured() noexcept;
+  // After a replay: every output in the trace's memory gets this replay's version, so a copy of
+  // an output taken before is found stale when it is read (see Tensor::replay_version()).
+  void stamp_output(Tensor& output) noexcept;
+  void next_version() noexcept { ++version_; }
   // Releases the device traces; returns false if none was captured.
   bool release() noexcept;
 
  private:
   std::vector<Device*> devices_;
   std::vector<std::shared_ptr<detail::DeviceLink>> links_;
-  TracerOptions options_;
+  TraceOptions options_;
+  std::vector<std::size_t> positions_;
   TracerState state_ = TracerState::idle;
   std::vector<TraceId> traces_;
-  std::vector<const Buffer*> placed_;      // buffers of the inputs placed for this capture
+  std::vector<const Buffer*> placed_;        // buffers of the inputs placed for this capture
   std::vector<const Buffer*> slot_buffers_;  // sorted
   std::size_t begun_ = 0;
-  TracerCounters counters_;
+  TraceStats stats_;
+  std::string reason_;
+  std::uint64_t version_ = 0;  // replays run so far (captures included), for output versions
   bool warned_blocking_ = false;
 };
 
 }  // namespace detail
 
+// Tracer<Fn, Args...>: Args are the function's parameter types without const and references;
+// a parameter may be a non-const reference (Tensor&): the function then gets a copy of the
+// handle, so rebinding it inside the function never changes the tracer's input slots.
 template <class Fn, class... Args>
 class Tracer {
  public:
   using Inputs = std::tuple<Args...>;
-  using Result = std::invoke_result_t<Fn&, const Args&...>;
+  using Result = std::invoke_result_t<Fn&, Args&...>;
   using Outputs = std::conditional_t<std::is_void_v<Result>, None, Result>;
 
-  Tracer(Fn function, Device& device, TracerOptions options = {})
+  Tracer(Fn function, Device& device, TraceOptions options = {})
       : Tracer(std::move(function), std::vector<Device*>{&device}, std::move(options)) {}
-  Tracer(Fn function, std::vector<Device*> devices, TracerOptions options = {})
-      : core_(std::move(devices), std::move(options)), function_(std::move(function)) {}
+  Tracer(Fn function, std::vector<Device*> devices, TraceOptions options = {})
+      : core_(std::move(devices), std::move(options)),
+        function_(std::make_unique<Fn>(std::move(function))) {}
 
+  // Movable (a std::vector of tracers is fine); references to inputs() and outputs() stay
+  // valid across a move. A moved-from tracer is idle, without a function.
+  Tracer(Tracer&&) noexcept = default;
+  Tracer& operator=(Tracer&& other) noexcept {
+    if (this != &other) {
+      release_trace();
+      core_ = std::move(other.core_);
+      function_ = std::move(other.function_);
+      slots_ = std::move(other.slots_);
+      outputs_ = std::move(other.outputs_);
+    }
+    return *this;
+  }
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
   ~Tracer() { release_trace(); }
@@ -187,6 +235,7 @@ class Tracer {
 
   const Outputs& call(const CallOptions& options, const Args&... args) {
     core_.require_devices_open("call");
+    core_.check_call(options);
     core_.start_call();
     if (core_.state() == TracerState::captured) return replay(options, args...);
     return capture(options, args...);
@@ -195,8 +244,9 @@ class Tracer {
   // Runs the function directly (no trace). Only before a capture.
   Result untraced(const Args&... args) {
     core_.require_devices_open("untraced");
-    core_.require_untraced_allowed(function_.has_value());
-    return std::invoke(*function_, args...);
+    core_.require_untraced_allowed(function_ != nullptr);
+    Inputs copies(args...);
+    return std::apply(*function_, copies);
   }
 
   // The input slots: the tensors the trace reads. Passing them back costs no copy.
@@ -205,6 +255,7 @@ class Tracer {
     core_.require_captured("inputs()");
     return *slots_;
   }
+  // The outputs: the same objects after every call, overwritten by each replay.
   [[nodiscard]] const Outputs& outputs() const {
     core_.require_devices_open("outputs()");
     core_.require_captured("outputs()");
@@ -215,14 +266,23 @@ class Tracer {
     return core_.state() == TracerState::captured;
   }
   [[nodiscard]] TracerState state() const noexcept { return core_.state(); }
-  [[nodiscard]] bool has_function() const noexcept { return function_.has_value(); }
-  [[nodiscard]] const TracerCounters& counters() const noexcept { return core_.counters(); }
+  [[nodiscard]] bool has_function() const noexcept { return function_ != nullptr; }
+  [[nodiscard]] TraceStats stats() const { return core_.stats(); }
+  // Why the last capture happened ("first traced call", "the previous trace was released").
+  [[nodiscard]] const std::string& last_capture_reason() const noexcept {
+    return core_.last_capture_reason();
+  }
   [[nodiscard]] const std::vector<TraceId>& trace_ids() const noexcept { return core_.trace_ids(); }
   // The devices (dangling once a device is destroyed: check devices_open() first).
   [[nodiscard]] const std::vector<Device*>& devices() const noexcept { return core_.devices(); }
   // False once one of the devices was closed (every call then throws).
   [[nodiscard]] bool devices_open() const noexcept { return core_.devices_open(); }
   [[nodiscard]] std::size_t trace_bytes() const { return core_.trace_bytes(); }
+  [[nodiscard]] const TraceOptions& options() const noexcept { return core_.options(); }
+  // For traced wrappers: where the tree arguments sit in their own parameter list.
+  void set_argument_positions(std::vector<std::size_t> positions) {
+    core_.set_argument_positions(std::move(positions));
+  }
 
   // Frees the traces (idempotent); the next traced call captures again.
   void release_trace() noexcept {
@@ -234,16 +294,11 @@ class Tracer {
   void release_function() noexcept { function_.reset(); }
 
  private:
-  [[nodiscard]] std::size_t position(std::size_t i) const noexcept {
-    const auto& positions = core_.options().argument_positions;
-    return i < positions.size() ? positions[i] : i;
-  }
-
   template <class F>
   void for_each_input(F&& f, Inputs& slots, const Args&... incoming) {
     const TreePath root = TreePath::root("args", "input");
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (visit_leaves(f, root.at(position(I)), std::get<I>(slots), incoming), ...);
+      (visit_leaves(f, root.at(core_.position(I)), std::get<I>(slots), incoming), ...);
     }(std::index_sequence_for<Args...>{});
   }
 
@@ -251,7 +306,7 @@ class Tracer {
   void for_each_argument(F&& f, Inputs& inputs) {
     const TreePath root = TreePath::root("args", "input");
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (visit_leaves(f, root.at(position(I)), std::get<I>(inputs)), ...);
+      (visit_leaves(f, root.at(core_.position(I)), std::get<I>(inputs)), ...);
     }(std::index_sequence_for<Args...>{});
   }
 
@@ -262,10 +317,10 @@ class Tracer {
   }
 
   const Outputs& capture(const CallOptions& options, const Args&... args) {
-    core_.require_function(function_.has_value(), "capture a trace");
+    core_.require_function(function_ != nullptr, "capture a trace");
     // The ops of the prep run and of the capture go to the call's queue by default.
     DefaultQueueScope queue_scope(options.queue);
-    Inputs inputs(args...);
+    auto inputs = std::make_unique<Inputs>(args...);
     // Check every leaf before anything moves to a device.
     for_each_argument(
         [&](const TreePath& path, auto& leaf) {
@@ -273,7 +328,7 @@ class Tracer {
             core_.check_capture_input(path, leaf);
           }
         },
-        inputs);
+        *inputs);
     core_.start_placing();
     for_each_argument(
         [&](const TreePath&, auto& leaf) {
@@ -281,13 +336,13 @@ class Tracer {
             leaf = core_.place_capture_input(leaf, options.queue);
           }
         },
-        inputs);
-    if (core_.options().prep_run) prep_run(inputs, options.queue);
+        *inputs);
+    if (core_.options().prep_run) prep_run(*inputs, options.queue);
 
     core_.begin_capture(options.queue);
-    std::optional<Outputs> outputs;
+    std::unique_ptr<Outputs> outputs;
     try {
-      outputs.emplace(invoke_on(inputs));
+      outputs = std::make_unique<Outputs>(invoke_on(*inputs));
       core_.end_capture(options.queue);
     } catch (...) {
       core_.abort_capture(options.queue);
@@ -305,7 +360,7 @@ class Tracer {
       core_.abort_capture(options.queue);
       throw;
     }
-    slots_.emplace(std::move(inputs));
+    slots_ = std::move(inputs);
     outputs_ = std::move(outputs);
     std::vector<const Buffer*> slot_buffers;
     for_each_argument(
@@ -324,6 +379,7 @@ class Tracer {
         release_trace();  // the trace never ran: do not leak it
         throw;
       }
+      stamp_outputs();
     }
     return *outputs_;
   }
@@ -369,7 +425,19 @@ class Tracer {
         *slots_, args...);
     core_.execute(options);
     core_.note_replay();
+    stamp_outputs();
     return *outputs_;
+  }
+
+  void stamp_outputs() noexcept {
+    core_.next_version();
+    visit_leaves(
+        [&](const TreePath&, auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
+            core_.stamp_output(leaf);
+          }
+        },
+        TreePath::root("outputs", "output"), *outputs_);
   }
 
   void prep_run(const Inputs& inputs, QueueId queue) {
@@ -388,19 +456,23 @@ class Tracer {
     (void)invoke_on(clones);
   }
 
+  // The function gets copies of the input handles (a Tensor& parameter rebinding its tensor
+  // changes the copy, never a slot).
   Outputs invoke_on(const Inputs& inputs) {
+    Inputs copies = inputs;
     if constexpr (std::is_void_v<Result>) {
-      std::apply(*function_, inputs);
+      std::apply(*function_, copies);
       return None{};
     } else {
-      return std::apply(*function_, inputs);
+      return std::apply(*function_, copies);
     }
   }
 
   detail::TracerCore core_;
-  std::optional<Fn> function_;
-  std::optional<Inputs> slots_;
-  std::optional<Outputs> outputs_;
+  std::unique_ptr<Fn> function_;
+  // Heap-held, so references handed out stay valid when the tracer moves.
+  std::unique_ptr<Inputs> slots_;
+  std::unique_ptr<Outputs> outputs_;
 };
 
 namespace detail {
@@ -427,12 +499,12 @@ struct TracerFor<Fn, std::tuple<A...>> {
 }  // namespace detail
 
 template <class R, class... A>
-Tracer(R (*)(A...), Device&, TracerOptions = {}) -> Tracer<R (*)(A...), std::remove_cvref_t<A>...>;
+Tracer(R (*)(A...), Device&, TraceOptions = {}) -> Tracer<R (*)(A...), std::remove_cvref_t<A>...>;
 
 // Makes a tracer, deducing the input types from a callable with one call signature (a lambda, a
 // function pointer, a functor). Name them for generic lambdas: make_tracer<Tensor, float>(...).
 template <class... Args, class Fn>
-[[nodiscard]] auto make_tracer(Fn function, Device& device, TracerOptions options = {}) {
+[[nodiscard]] auto make_tracer(Fn function, Device& device, TraceOptions options = {}) {
   if constexpr (sizeof...(Args) == 0) {
     using T = typename detail::TracerFor<Fn, typename detail::CallSignature<Fn>::Inputs>::type;
     return T(std::move(function), device, std::move(options));
@@ -443,7 +515,7 @@ template <class... Args, class Fn>
 
 template <class... Args, class Fn>
 [[nodiscard]] auto make_tracer(Fn function, std::vector<Device*> devices,
-                               TracerOptions options = {}) {
+                               TraceOptions options = {}) {
   if constexpr (sizeof...(Args) == 0) {
     using T = typename detail::TracerFor<Fn, typename detail::CallSignature<Fn>::Inputs>::type;
     return T(std::move(function), std::move(devices), std::move(options));

@@ -172,8 +172,24 @@ Device& Tensor::require_device(std::string_view what, std::string_view argument)
   RETRACE_CHECK(on_device(), invalid_argument,
                 "{}: {} is a host tensor; move it to a device with to_device() first", what,
                 argument);
-  if (Device* open = buffer_->device()) [[likely]] return *open;
-  return buffer_->link().require_open(fmt::format("{}: {}", what, argument));
+  Device* open = buffer_->device();
+  if (open == nullptr) [[unlikely]] {
+    return buffer_->link().require_open(fmt::format("{}: {}", what, argument));
+  }
+  const std::uint64_t current = buffer_->replay_version();
+  RETRACE_CHECK(version_ == current, failed_precondition,
+                "{}: {} is a stale copy of a traced output: replay {} of its trace overwrote the "
+                "output after this copy was taken{}. Read the tracer's own output object "
+                "(the reference a traced call returns), or clone() an output to keep it across "
+                "replays",
+                what, argument, current,
+                version_ == 0 ? "" : fmt::format(" (the copy holds replay {})", version_));
+  return *open;
+}
+
+void detail::stamp_replay_version(Tensor& output, std::uint64_t version) noexcept {
+  output.version_ = version;
+  output.buffer_->replay_version_.store(version, std::memory_order_relaxed);
 }
 
 Tensor Tensor::to_device(Device& device, QueueId queue, Blocking blocking) const {
@@ -230,7 +246,9 @@ Tensor Tensor::with_shape(const Shape& shape) const {
                 "with_shape: shape {} ({} elements) does not match the tensor's shape {} ({} "
                 "elements)",
                 shape, shape.numel(), shape_, numel());
-  return Tensor(buffer_, host_, shape, dtype_, layout_, bytes_);
+  Tensor view(buffer_, host_, shape, dtype_, layout_, bytes_);
+  view.version_ = version_;  // a view of a traced output goes stale with it
+  return view;
 }
 
 std::string Tensor::to_string() const {

@@ -59,7 +59,7 @@ std::size_t CacheKeyHash::operator()(const CacheKey& key) const noexcept {
   combine(std::hash<std::uint64_t>{}(key.device));
   for (std::uint64_t b : key.bound_owners) combine(std::hash<std::uint64_t>{}(b));
   for (std::uintptr_t b : key.bound_addresses) combine(std::hash<std::uintptr_t>{}(b));
-  combine(std::hash<std::string>{}(key.key));
+  combine(key.key.hash());
   if (key.signature) combine(key.signature->hash);
   return seed;
 }
@@ -83,7 +83,7 @@ std::string CacheBook::explain(const CacheKey& key, const std::vector<const Cach
   for (const CacheKey* k : same_context) {
     if (k->key == key.key) same_key.push_back(k);
   }
-  if (same_key.empty()) return fmt::format("new trace key \"{}\"", key.key);
+  if (same_key.empty()) return fmt::format("new trace key {}", key.key.to_string());
   if (!key.signature) return "the previous trace was released";
   // Automatic keys: name the first leaf that differs from the nearest existing signature.
   const InputSignature& wanted = *key.signature;

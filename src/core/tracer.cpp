@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace retrace::detail {
 
@@ -14,7 +15,7 @@ std::string device_names(const std::vector<Device*>& devices) {
 }
 }  // namespace
 
-TracerCore::TracerCore(std::vector<Device*> devices, TracerOptions options)
+TracerCore::TracerCore(std::vector<Device*> devices, TraceOptions options)
     : devices_(std::move(devices)), options_(std::move(options)) {
   RETRACE_CHECK(!devices_.empty(), invalid_argument, "tracer '{}' needs at least one device",
                 options_.name);
@@ -26,9 +27,67 @@ TracerCore::TracerCore(std::vector<Device*> devices, TracerOptions options)
                   devices_[i]->name());
     links_.push_back(devices_[i]->link());
   }
+  require_devices_open("making a tracer");
+  RETRACE_CHECK(!options_.auto_key && options_.max_traces == 0 && options_.max_trace_bytes == 0,
+                invalid_argument,
+                "tracer '{}': auto_key, max_traces and max_trace_bytes choose among several "
+                "traces; a Tracer holds one (use traced_function or traced_method)",
+                options_.name);
 }
 
 TracerCore::~TracerCore() = default;
+
+TracerCore::TracerCore(TracerCore&& other) noexcept
+    : devices_(std::move(other.devices_)),
+      links_(std::move(other.links_)),
+      options_(std::move(other.options_)),
+      positions_(std::move(other.positions_)),
+      state_(std::exchange(other.state_, TracerState::idle)),
+      traces_(std::move(other.traces_)),
+      placed_(std::move(other.placed_)),
+      slot_buffers_(std::move(other.slot_buffers_)),
+      begun_(std::exchange(other.begun_, 0)),
+      stats_(other.stats_),
+      reason_(std::move(other.reason_)),
+      version_(other.version_),
+      warned_blocking_(other.warned_blocking_) {
+  other.traces_.clear();
+}
+
+TracerCore& TracerCore::operator=(TracerCore&& other) noexcept {
+  if (this == &other) return *this;
+  release();
+  devices_ = std::move(other.devices_);
+  links_ = std::move(other.links_);
+  options_ = std::move(other.options_);
+  positions_ = std::move(other.positions_);
+  state_ = std::exchange(other.state_, TracerState::idle);
+  traces_ = std::move(other.traces_);
+  other.traces_.clear();
+  placed_ = std::move(other.placed_);
+  slot_buffers_ = std::move(other.slot_buffers_);
+  begun_ = std::exchange(other.begun_, 0);
+  stats_ = other.stats_;
+  reason_ = std::move(other.reason_);
+  version_ = other.version_;
+  warned_blocking_ = other.warned_blocking_;
+  return *this;
+}
+
+TraceStats TracerCore::stats() const {
+  TraceStats stats = stats_;
+  stats.live_traces = state_ == TracerState::captured ? 1 : 0;
+  stats.trace_bytes = state_ == TracerState::captured && devices_open() ? trace_bytes() : 0;
+  return stats;
+}
+
+void TracerCore::check_call(const CallOptions& options) const {
+  RETRACE_CHECK(options.key == TraceKey(), invalid_argument,
+                "tracer '{}': a Tracer holds one trace, so a call takes no trace key (got {}); "
+                "keys select among the traces of traced wrappers (traced_function, "
+                "traced_method)",
+                options_.name, options.key.to_string());
+}
 
 std::size_t TracerCore::trace_bytes() const {
   require_devices_open("trace_bytes()");
@@ -143,7 +202,7 @@ void TracerCore::check_replay_input(const TreePath& path, const Tensor& slot,
 
 void TracerCore::refresh(Tensor& slot, const Tensor& incoming, QueueId queue) {
   if (incoming.on_device() && incoming.address() == slot.address()) {
-    ++counters_.copies_skipped;
+    ++stats_.copies_skipped;
     return;
   }
   if (incoming.on_host()) {
@@ -151,14 +210,14 @@ void TracerCore::refresh(Tensor& slot, const Tensor& incoming, QueueId queue) {
   } else {
     ops::copy(incoming, slot, queue);
   }
-  ++counters_.copies;
-  counters_.bytes_refreshed += slot.nbytes();
+  ++stats_.copies;
+  stats_.bytes_refreshed += slot.nbytes();
 }
 
 void TracerCore::start_call() noexcept {
-  counters_.bytes_refreshed = 0;
-  counters_.copies = 0;
-  counters_.copies_skipped = 0;
+  stats_.bytes_refreshed = 0;
+  stats_.copies = 0;
+  stats_.copies_skipped = 0;
 }
 
 void TracerCore::begin_capture(QueueId queue) {
@@ -206,7 +265,8 @@ void TracerCore::abort_capture(QueueId queue) noexcept {
 
 void TracerCore::mark_captured() noexcept {
   state_ = TracerState::captured;
-  ++counters_.captures;
+  reason_ = stats_.captures == 0 ? "first traced call" : "the previous trace was released";
+  ++stats_.captures;
   if (log_level() <= LogLevel::debug) {
     std::vector<std::string> parts;
     for (std::size_t i = 0; i < traces_.size(); ++i) {
@@ -253,6 +313,16 @@ void TracerCore::require_captured(std::string_view what) const {
   RETRACE_CHECK(state_ == TracerState::captured, failed_precondition,
                 "{}: tracer '{}' has no captured trace; make a traced call first", what,
                 options_.name);
+}
+
+void TracerCore::stamp_output(Tensor& output) noexcept {
+  const Buffer* buffer = output.buffer().get();
+  if (buffer == nullptr || !buffer->trace()) return;
+  // Only the trace's own memory is overwritten by its replays; an input slot returned as an
+  // output is a handle on the latest input, never stale.
+  if (std::find(traces_.begin(), traces_.end(), *buffer->trace()) == traces_.end()) return;
+  if (std::binary_search(slot_buffers_.begin(), slot_buffers_.end(), buffer)) return;
+  detail::stamp_replay_version(output, version_);
 }
 
 bool TracerCore::release() noexcept {

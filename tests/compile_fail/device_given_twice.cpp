@@ -6,5 +6,5 @@ retrace::Tensor plus_one(const retrace::Tensor& x) { return retrace::ops::add(x,
 int main() {
   auto device = retrace::open_cpu_device();
   auto traced = retrace::traced_function_injected(plus_one);
-  traced.traced(*device, *device, retrace::ops::full({2}, 1.0, *device));
+  traced(*device, *device, retrace::ops::full({2}, 1.0, *device));
 }
