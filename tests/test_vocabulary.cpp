@@ -192,6 +192,20 @@ TEST_F(VocabularyTest, NonConstTensorParametersGetCopiesOfTheSlotHandles) {
   EXPECT_EQ(method_like(device(), full(4, 2.0)).to_vector<float>(), filled(4, 4.0f));
 }
 
+TEST_F(VocabularyTest, GenericLambdasAreTypedByTheirFirstCall) {
+  auto tracer = make_tracer([](const auto& x, auto s) { return ops::mul(x, s); }, device());
+  EXPECT_FALSE(tracer.trace_captured());
+  EXPECT_EQ(tracer(full(4, 2.0), 3.0).to_vector<float>(), filled(4, 6.0f));
+  EXPECT_EQ(tracer(full(4, 5.0), 3.0).to_vector<float>(), filled(4, 15.0f));
+  EXPECT_EQ(tracer.stats().replays, 1u);
+  EXPECT_TRUE(tracer.trace_captured());
+  EXPECT_EQ(std::get<0>(tracer.tracer<Tensor, double>().inputs()).shape(), (Shape{4}));
+  EXPECT_RETRACE_ERROR((void)tracer(full(4, 5.0), 3.0f), invalid_argument,
+                       "other argument types than its first call");
+  auto wrapped = traced_function_injected([](const Tensor& x) { return ops::neg(x); });
+  EXPECT_EQ(wrapped(device(), full(2, 1.0)).to_vector<float>(), filled(2, -1.0f));
+}
+
 TEST_F(VocabularyTest, AStaleCopyOfAnOutputIsCaughtWhenRead) {
   auto tracer = make_tracer(twice, device());
   const Tensor& out = tracer(full(4, 1.0));

@@ -501,27 +501,107 @@ struct TracerFor<Fn, std::tuple<A...>> {
 template <class R, class... A>
 Tracer(R (*)(A...), Device&, TraceOptions = {}) -> Tracer<R (*)(A...), std::remove_cvref_t<A>...>;
 
+// A Tracer over a generic lambda (or any callable with several call signatures): its input
+// types are those of its first call, traced or untraced; a later call with other argument
+// types is an invalid_argument error. The typed Tracer behind it is tracer<Args...>().
+template <class Fn>
+class GenericTracer {
+ public:
+  GenericTracer(Fn function, std::vector<Device*> devices, TraceOptions options)
+      : function_(std::move(function)), devices_(std::move(devices)), options_(std::move(options)) {}
+
+  template <class... A>
+  const auto& operator()(const A&... args) {
+    return call(CallOptions{}, args...);
+  }
+  template <class... A>
+  const auto& call(const CallOptions& options, const A&... args) {
+    return typed<std::remove_cvref_t<A>...>().call(options, args...);
+  }
+  template <class... A>
+  decltype(auto) untraced(const A&... args) {
+    return typed<std::remove_cvref_t<A>...>().untraced(args...);
+  }
+  // The typed Tracer (made by the first call; throws if that call had other argument types).
+  template <class... A>
+  [[nodiscard]] Tracer<Fn, A...>& tracer() {
+    return typed<A...>();
+  }
+
+  [[nodiscard]] bool trace_captured() const noexcept {
+    return holder_ != nullptr && holder_->trace_captured();
+  }
+  [[nodiscard]] TraceStats stats() const { return holder_ ? holder_->stats() : TraceStats{}; }
+  void release_trace() noexcept {
+    if (holder_) holder_->release_trace();
+  }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    [[nodiscard]] virtual bool trace_captured() const noexcept = 0;
+    [[nodiscard]] virtual TraceStats stats() const = 0;
+    virtual void release_trace() noexcept = 0;
+  };
+  template <class... A>
+  struct Holder final : Base {
+    explicit Holder(Tracer<Fn, A...> t) : tracer(std::move(t)) {}
+    bool trace_captured() const noexcept override { return tracer.trace_captured(); }
+    TraceStats stats() const override { return tracer.stats(); }
+    void release_trace() noexcept override { tracer.release_trace(); }
+    Tracer<Fn, A...> tracer;
+  };
+
+  template <class... A>
+  Tracer<Fn, A...>& typed() {
+    if (holder_ == nullptr) {
+      RETRACE_CHECK(function_.has_value(), failed_precondition, "tracer '{}' has no function",
+                    options_.name);
+      holder_ = std::make_unique<Holder<A...>>(
+          Tracer<Fn, A...>(std::move(*function_), devices_, options_));
+      function_.reset();
+    }
+    auto* holder = dynamic_cast<Holder<A...>*>(holder_.get());
+    RETRACE_CHECK(holder != nullptr, invalid_argument,
+                  "tracer '{}' was called with other argument types than its first call; a "
+                  "tracer of a generic function has the input types of its first call (make "
+                  "another tracer for other types)",
+                  options_.name);
+    return holder->tracer;
+  }
+
+  std::optional<Fn> function_;
+  std::vector<Device*> devices_;
+  TraceOptions options_;
+  std::unique_ptr<Base> holder_;
+};
+
+namespace detail {
+template <class Fn>
+concept HasOneCallSignature =
+    requires { &Fn::operator(); } || std::is_pointer_v<Fn> || std::is_function_v<Fn>;
+}  // namespace detail
+
 // Makes a tracer, deducing the input types from a callable with one call signature (a lambda, a
-// function pointer, a functor). Name them for generic lambdas: make_tracer<Tensor, float>(...).
+// function pointer, a functor). A generic lambda gets a GenericTracer, typed by its first call;
+// or name the types: make_tracer<Tensor, float>(...).
 template <class... Args, class Fn>
-[[nodiscard]] auto make_tracer(Fn function, Device& device, TraceOptions options = {}) {
-  if constexpr (sizeof...(Args) == 0) {
+[[nodiscard]] auto make_tracer(Fn function, std::vector<Device*> devices,
+                               TraceOptions options = {}) {
+  if constexpr (sizeof...(Args) > 0) {
+    return Tracer<Fn, Args...>(std::move(function), std::move(devices), std::move(options));
+  } else if constexpr (detail::HasOneCallSignature<Fn>) {
     using T = typename detail::TracerFor<Fn, typename detail::CallSignature<Fn>::Inputs>::type;
-    return T(std::move(function), device, std::move(options));
+    return T(std::move(function), std::move(devices), std::move(options));
   } else {
-    return Tracer<Fn, Args...>(std::move(function), device, std::move(options));
+    return GenericTracer<Fn>(std::move(function), std::move(devices), std::move(options));
   }
 }
 
 template <class... Args, class Fn>
-[[nodiscard]] auto make_tracer(Fn function, std::vector<Device*> devices,
-                               TraceOptions options = {}) {
-  if constexpr (sizeof...(Args) == 0) {
-    using T = typename detail::TracerFor<Fn, typename detail::CallSignature<Fn>::Inputs>::type;
-    return T(std::move(function), std::move(devices), std::move(options));
-  } else {
-    return Tracer<Fn, Args...>(std::move(function), std::move(devices), std::move(options));
-  }
+[[nodiscard]] auto make_tracer(Fn function, Device& device, TraceOptions options = {}) {
+  return make_tracer<Args...>(std::move(function), std::vector<Device*>{&device},
+                              std::move(options));
 }
 
 }  // namespace retrace
