@@ -5,6 +5,7 @@
 // Exit status: 0 success; 1 a check failed (traced != eager, a peer disagreed); 2 a usage
 // error or an error raised while running (one line on stderr, "retrace: ..."); 3 the device
 // asked for cannot be used on this machine.
+#include "dit_bench.hpp"
 #include "model_options.hpp"
 
 #include <cstdio>
@@ -14,8 +15,6 @@
 namespace retrace::cli {
 int run_demo(ModelOptions& options);
 int run_inspect(ModelOptions& options, const std::string& dot_path);
-int run_bench(const std::string& json_path, const std::string& plot_path,
-              const std::vector<std::string>& sizes, int repeats, std::int64_t steps);
 }  // namespace retrace::cli
 
 namespace {
@@ -86,7 +85,7 @@ int main(int argc, char** argv) {
       return fail(fmt::format("{} (see retrace --help)", e.what()));
     }
     if (*demo) return retrace::cli::run_demo(demo_options);
-    if (*bench) return retrace::cli::run_bench(json_path, plot_path, sizes, repeats, steps);
+    if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, repeats, steps);
     return retrace::cli::run_inspect(inspect_options, dot_path);
   } catch (const retrace::cli::DeviceUnavailable& e) {
     return fail(e.what(), 3);

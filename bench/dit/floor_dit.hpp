@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace retrace::cli {
+namespace retrace::bench {
 
 class FloorDiT {
  public:
@@ -32,4 +32,4 @@ class FloorDiT {
   std::vector<float> q_, k_, vh_, scores_, head_out_;
 };
 
-}  // namespace retrace::cli
+}  // namespace retrace::bench

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <map>
 
-namespace retrace::cli {
+namespace retrace::bench {
 
 namespace {
 
@@ -76,4 +76,4 @@ std::unique_ptr<TorchStep> make_torch_step(const models::DiT& model, std::int64_
   return std::make_unique<LibtorchStep>(model, tokens);
 }
 
-}  // namespace retrace::cli
+}  // namespace retrace::bench

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-namespace retrace::cli {
+namespace retrace::bench {
 
 namespace {
 float silu(float x) { return x / (1.0f + cpu::vector_exp(-x)); }
@@ -113,4 +113,4 @@ void FloorDiT::step(float* x, const float* t_features, float dt) {
   for (std::int64_t i = 0; i < t * h; ++i) x[i] += dt * v_[i];
 }
 
-}  // namespace retrace::cli
+}  // namespace retrace::bench

@@ -6,7 +6,10 @@
 // relative error of 1e-4 or the bench fails). Modes are interleaved and repeated in one
 // process; medians and ratios go to JSON, and a gnuplot chart when gnuplot is installed.
 #include "floor_dit.hpp"
-#include "model_options.hpp"
+#include "dit_bench.hpp"
+
+#include <retrace/models/dit.hpp>
+#include <retrace/retrace.hpp>
 #include "torch_dit.hpp"
 
 #include "cpu/parallel.hpp"
@@ -24,7 +27,7 @@
 #include <optional>
 #include <random>
 
-namespace retrace::cli {
+namespace retrace::bench {
 
 namespace {
 
@@ -159,7 +162,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
 
 }  // namespace
 
-int run_bench(const std::string& json_path, const std::string& plot_path,
+int run_dit_bench(const std::string& json_path, const std::string& plot_path,
               const std::vector<std::string>& size_names, int repeats, std::int64_t steps) {
   // libtorch's OpenMP threads spin after each op by default, stealing the core from the modes
   // measured next; make them sleep (must be set before libtorch starts its thread pool).
@@ -229,4 +232,4 @@ int run_bench(const std::string& json_path, const std::string& plot_path,
   return torch_mismatch ? 1 : 0;
 }
 
-}  // namespace retrace::cli
+}  // namespace retrace::bench

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-namespace retrace::cli {
+namespace retrace::bench {
 
 class TorchStep {
  public:
@@ -23,4 +23,4 @@ class TorchStep {
 [[nodiscard]] std::unique_ptr<TorchStep> make_torch_step(const models::DiT& model,
                                                          std::int64_t tokens, std::string& why);
 
-}  // namespace retrace::cli
+}  // namespace retrace::bench

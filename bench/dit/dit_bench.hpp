@@ -1,0 +1,16 @@
+// The DiT step benchmark behind `retrace bench`: eager vs traced vs the kernel-library floor
+// (and libtorch when the build found it), per size and thread count, in one process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace retrace::bench {
+
+// Prints the table; writes JSON and a gnuplot chart when paths are given. Returns the exit
+// status (1 when a peer's output disagrees with retrace's).
+int run_dit_bench(const std::string& json_path, const std::string& plot_path,
+                  const std::vector<std::string>& sizes, int repeats, std::int64_t steps);
+
+}  // namespace retrace::bench
