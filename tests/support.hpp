@@ -109,6 +109,18 @@ inline Tensor device_tensor(Device& device, const std::vector<float>& values, co
   auto var = ::retrace::testing::open_test_device(__VA_ARGS__);                   \
   if (!var) GTEST_SKIP() << ::retrace::testing::test_skip_reason()
 
+namespace retrace::testing {
+// A fixture with a device of the selected backend (the test skips, saying why, without one).
+class DeviceTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Device> device_ = open_test_device();
+  void SetUp() override {
+    if (!device_) GTEST_SKIP() << test_skip_reason();
+  }
+  Device& device() { return *device_; }
+};
+}  // namespace retrace::testing
+
 // For fixtures holding a test device in `device_`.
 #define RETRACE_SKIP_WITHOUT_DEVICE() \
   if (!device_) GTEST_SKIP() << ::retrace::testing::test_skip_reason()

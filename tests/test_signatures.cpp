@@ -59,12 +59,7 @@ TEST(SignatureTest, ContainersWithoutLeavesCount) {
             make_signature(nullptr, {}, Extras{{"a", {}}}));
 }
 
-class AutoKeyTest : public ::testing::Test {
- protected:
-  std::unique_ptr<Device> device_ = testing::open_test_device();
-  void SetUp() override { RETRACE_SKIP_WITHOUT_DEVICE(); }
-  Device& device() { return *device_; }
-};
+using AutoKeyTest = testing::DeviceTest;
 
 TEST_F(AutoKeyTest, UnorderedMapInsertionOrderReusesTheTrace) {
   auto traced = traced_function_injected(with_table, {.auto_key = true});

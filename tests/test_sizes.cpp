@@ -85,12 +85,7 @@ TEST(MemoryTest, AllocationAfterDroppingEverythingSucceedsWithoutSynchronize) {
   }
 }
 
-class ZeroSizeTest : public ::testing::Test {
- protected:
-  std::unique_ptr<Device> device_ = testing::open_test_device();
-  void SetUp() override { RETRACE_SKIP_WITHOUT_DEVICE(); }
-  Device& device() { return *device_; }
-};
+using ZeroSizeTest = testing::DeviceTest;
 
 TEST_F(ZeroSizeTest, HostAndDeviceRoundTrips) {
   for (const Shape& shape : {Shape{0}, Shape{0, 3}, Shape{3, 0}, Shape{2, 0, 4}}) {

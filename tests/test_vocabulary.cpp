@@ -30,11 +30,8 @@ namespace {
 
 using namespace retrace_vocabulary_test;
 
-class VocabularyTest : public ::testing::Test {
+class VocabularyTest : public testing::DeviceTest {
  protected:
-  std::unique_ptr<Device> device_ = testing::open_test_device();
-  void SetUp() override { RETRACE_SKIP_WITHOUT_DEVICE(); }
-  Device& device() { return *device_; }
   Tensor full(std::int64_t n, double v) { return ops::full({n}, v, device()); }
   static std::vector<float> filled(std::size_t n, float v) { return std::vector<float>(n, v); }
 };
