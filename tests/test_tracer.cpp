@@ -1,4 +1,4 @@
-// The Tracer contract (DESIGN.md §3), one or more tests per rule.
+// The Tracer contract (docs/contract.md, "Tracer"), one or more tests per rule.
 #include "support.hpp"
 
 #include <map>

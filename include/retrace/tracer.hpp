@@ -8,7 +8,7 @@
 //                                       // slot, then the trace is replayed
 //   assert(&y == &z);                   // the same output object every time
 //
-// The contract (DESIGN.md §3):
+// The contract (docs/contract.md has all of it):
 //  - Inputs and outputs are trees (retrace/tree.hpp). Tensors may be host tensors (moved to the
 //    device; single-device tracers only) or device tensors on one of the tracer's devices.
 //  - First traced call: every leaf is checked; an optional prep run on clones of the inputs
