@@ -22,10 +22,12 @@ namespace retrace {
 
 class TraceKey {
  public:
-  TraceKey() : TraceKey(std::string()) {}
+  TraceKey() = default;  // the default key, "" (no allocation: every call without a key has one)
   TraceKey(const char* text) : TraceKey(std::string(text)) {}  // NOLINT: implicit by design
   TraceKey(std::string_view text) : TraceKey(std::string(text)) {}
-  TraceKey(std::string text) { atoms_.push_back(Atom{Kind::string, 0, std::move(text)}); }
+  TraceKey(std::string text) {
+    if (!text.empty()) atoms_.push_back(Atom{Kind::string, 0, std::move(text)});
+  }
   TraceKey(bool value) { atoms_.push_back(Atom{Kind::boolean, value ? 1 : 0, {}}); }
   template <std::integral I>
     requires(!std::same_as<I, bool>)
@@ -48,6 +50,7 @@ class TraceKey {
   TraceKey(const std::pair<A, B>& values) : TraceKey(std::tuple<const A&, const B&>(values.first, values.second)) {}
 
   friend bool operator==(const TraceKey&, const TraceKey&) = default;
+  [[nodiscard]] bool is_default() const noexcept { return atoms_.empty(); }
   [[nodiscard]] std::size_t hash() const noexcept;
   // "\"1024x1024\"", "256", "(true, 256)".
   [[nodiscard]] std::string to_string() const;

@@ -174,6 +174,7 @@ class TracerCore {
   void mark_captured() noexcept;
   // After a replay: every output in the trace's memory gets this replay's version, so a copy of
   // an output taken before is found stale when it is read (see Tensor::replay_version()).
+  [[nodiscard]] bool stamps_output(const Tensor& output) const noexcept;
   void stamp_output(Tensor& output) noexcept;
   void next_version() noexcept { ++version_; }
   // Releases the device traces; returns false if none was captured.
@@ -223,6 +224,7 @@ class Tracer {
       function_ = std::move(other.function_);
       slots_ = std::move(other.slots_);
       outputs_ = std::move(other.outputs_);
+      stamped_ = std::move(other.stamped_);
     }
     return *this;
   }
@@ -287,6 +289,7 @@ class Tracer {
   // Frees the traces (idempotent); the next traced call captures again.
   void release_trace() noexcept {
     if (!core_.release()) return;
+    stamped_.clear();
     slots_.reset();
     outputs_.reset();
   }
@@ -372,6 +375,13 @@ class Tracer {
         *slots_);
     core_.set_slots(std::move(slot_buffers));
     core_.mark_captured();
+    visit_leaves(
+        [&](const TreePath&, auto& leaf) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
+            if (core_.stamps_output(leaf)) stamped_.push_back(&leaf);
+          }
+        },
+        TreePath::root("outputs", "output"), *outputs_);
     if (options.execute_on_capture) {
       try {
         core_.execute(options);
@@ -386,11 +396,13 @@ class Tracer {
 
   const Outputs& replay(const CallOptions& options, const Args&... args) {
     // Every leaf is checked before any slot changes.
+    bool copies = false;
     for_each_input(
         [&](const TreePath& path, auto& slot, const auto& incoming) {
           using Leaf = std::remove_cvref_t<decltype(slot)>;
           if constexpr (std::is_same_v<Leaf, Tensor>) {
             core_.check_replay_input(path, slot, incoming);
+            copies = copies || incoming.buffer() != slot.buffer();
           } else if constexpr (std::is_same_v<Leaf, None>) {
           } else {
             core_.check_replay_scalar(path, slot, incoming);
@@ -400,7 +412,7 @@ class Tracer {
     // An incoming tensor that is another input's slot is copied aside before any slot changes.
     std::vector<std::pair<std::size_t, Tensor>> snapshots;
     std::size_t leaf = 0;
-    for_each_input(
+    if (copies) for_each_input(
         [&](const TreePath&, auto& slot, const auto& incoming) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(slot)>, Tensor>) {
             if (core_.needs_snapshot(slot, incoming)) {
@@ -431,13 +443,7 @@ class Tracer {
 
   void stamp_outputs() noexcept {
     core_.next_version();
-    visit_leaves(
-        [&](const TreePath&, auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-            core_.stamp_output(leaf);
-          }
-        },
-        TreePath::root("outputs", "output"), *outputs_);
+    for (Tensor* output : stamped_) core_.stamp_output(*output);
   }
 
   void prep_run(const Inputs& inputs, QueueId queue) {
@@ -473,6 +479,7 @@ class Tracer {
   // Heap-held, so references handed out stay valid when the tracer moves.
   std::unique_ptr<Inputs> slots_;
   std::unique_ptr<Outputs> outputs_;
+  std::vector<Tensor*> stamped_;  // the outputs in the trace's memory (inside *outputs_)
 };
 
 namespace detail {

@@ -18,6 +18,7 @@ std::size_t TraceKey::hash() const noexcept {
 }
 
 std::string TraceKey::to_string() const {
+  if (atoms_.empty()) return "\"\"";
   std::string out;
   bool after_value = false;  // a separator goes between two values of one tuple
   for (const Atom& atom : atoms_) {

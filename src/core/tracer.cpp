@@ -82,7 +82,7 @@ TraceStats TracerCore::stats() const {
 }
 
 void TracerCore::check_call(const CallOptions& options) const {
-  RETRACE_CHECK(options.key == TraceKey(), invalid_argument,
+  RETRACE_CHECK(options.key.is_default(), invalid_argument,
                 "tracer '{}': a Tracer holds one trace, so a call takes no trace key (got {}); "
                 "keys select among the traces of traced wrappers (traced_function, "
                 "traced_method)",
@@ -315,13 +315,16 @@ void TracerCore::require_captured(std::string_view what) const {
                 options_.name);
 }
 
-void TracerCore::stamp_output(Tensor& output) noexcept {
+bool TracerCore::stamps_output(const Tensor& output) const noexcept {
   const Buffer* buffer = output.buffer().get();
-  if (buffer == nullptr || !buffer->trace()) return;
+  if (buffer == nullptr || !buffer->trace()) return false;
   // Only the trace's own memory is overwritten by its replays; an input slot returned as an
   // output is a handle on the latest input, never stale.
-  if (std::find(traces_.begin(), traces_.end(), *buffer->trace()) == traces_.end()) return;
-  if (std::binary_search(slot_buffers_.begin(), slot_buffers_.end(), buffer)) return;
+  if (std::find(traces_.begin(), traces_.end(), *buffer->trace()) == traces_.end()) return false;
+  return !std::binary_search(slot_buffers_.begin(), slot_buffers_.end(), buffer);
+}
+
+void TracerCore::stamp_output(Tensor& output) noexcept {
   detail::stamp_replay_version(output, version_);
 }
 
