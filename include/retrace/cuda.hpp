@@ -56,7 +56,7 @@ struct CudaDeviceOptions {
 
 // For code that mixes its own CUDA work with retrace's: the stream behind a queue, and the
 // executable graph behind a trace (owned by the device; valid until the trace is released).
-// Both throw invalid_argument for a device that is not a CUDA device.
+// Both throw invalid_argument for a device that is not a CUDA device; kDefaultQueue is queue 0.
 [[nodiscard]] CUstream_st* cuda_stream(Device& device, QueueId queue);
 [[nodiscard]] CUgraphExec_st* cuda_graph_exec(Device& device, TraceId trace);
 

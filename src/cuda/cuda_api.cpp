@@ -78,6 +78,7 @@ cuda::CudaBackend& as_cuda(Device& device, std::string_view what) {
 }  // namespace
 
 CUstream_st* cuda_stream(Device& device, QueueId queue) {
+  if (queue == kDefaultQueue) queue = QueueId{0};  // no capture to follow here
   RETRACE_CHECK(queue.value < device.num_queues(), invalid_argument,
                 "cuda_stream: {} has no queue {}", device.name(), queue.value);
   return as_cuda(device, "cuda_stream").stream(queue);

@@ -1,6 +1,8 @@
 // Stream-capture bookkeeping shared by the CUDA backend's files.
 #pragma once
 
+#include "cuda/check.hpp"
+
 #include <cuda_runtime_api.h>
 
 namespace retrace::cuda {
@@ -19,8 +21,7 @@ class RelaxedCapture {
     if (t_open_captures > 0) active_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
   }
   ~RelaxedCapture() {
-    // Restoring the mode this thread had cannot fail once exchanging it succeeded.
-    if (active_) static_cast<void>(cudaThreadExchangeStreamCaptureMode(&mode_));
+    if (active_) RETRACE_CUDA_WARN(cudaThreadExchangeStreamCaptureMode(&mode_));
   }
   RelaxedCapture(const RelaxedCapture&) = delete;
   RelaxedCapture& operator=(const RelaxedCapture&) = delete;
