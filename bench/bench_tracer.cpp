@@ -22,6 +22,30 @@ using timing::Clock;
 using timing::median;
 using timing::seconds;
 
+// Times batches of tracer calls (inputs passed back from inputs(), so nothing is copied) against
+// batches of bare execute_trace calls of the same trace, interleaved, and reports the medians.
+template <typename TracerT>
+void time_against_execute(benchmark::State& state, TracerT& tracer, Device& device) {
+  const auto& slots = std::get<0>(tracer.inputs());
+  const TraceId trace = tracer.trace_ids().front();
+  constexpr int kBatch = 64;
+  std::vector<double> tracer_ns, execute_ns;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kBatch; ++i) benchmark::DoNotOptimize(&tracer(slots));
+    const auto t1 = Clock::now();
+    for (int i = 0; i < kBatch; ++i) device.execute_trace(trace, kDefaultQueue, Blocking::yes);
+    const auto t2 = Clock::now();
+    tracer_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / kBatch);
+    execute_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count() / kBatch);
+  }
+  const double tracer_median = median(tracer_ns), execute_median = median(execute_ns);
+  state.counters["tracer_ns"] = tracer_median;
+  state.counters["execute_ns"] = execute_median;
+  state.counters["overhead_ns"] = tracer_median - execute_median;
+  if (tracer.stats().copies != 0) state.SkipWithError("inputs were copied");
+}
+
 void BM_TracerOverhead(benchmark::State& state) {
   const auto leaves = static_cast<int>(state.range(0));
   auto device = open_cpu_device();
@@ -31,25 +55,8 @@ void BM_TracerOverhead(benchmark::State& state) {
   auto tracer = make_tracer([](const std::vector<Tensor>& in) { return in; }, *device,
                             TraceOptions{.prep_run = false});
   tracer(xs);
-  const auto& slots = std::get<0>(tracer.inputs());
-  const TraceId trace = tracer.trace_ids().front();
-  constexpr int kBatch = 64;
-  std::vector<double> tracer_ns, execute_ns;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < kBatch; ++i) benchmark::DoNotOptimize(&tracer(slots));
-    const auto t1 = Clock::now();
-    for (int i = 0; i < kBatch; ++i) device->execute_trace(trace, kDefaultQueue, Blocking::yes);
-    const auto t2 = Clock::now();
-    tracer_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / kBatch);
-    execute_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count() / kBatch);
-  }
-  const double tracer_median = median(tracer_ns), execute_median = median(execute_ns);
-  state.counters["tracer_ns"] = tracer_median;
-  state.counters["execute_ns"] = execute_median;
-  state.counters["overhead_ns"] = tracer_median - execute_median;
+  time_against_execute(state, tracer, *device);
   state.counters["goal_ns"] = 150.0 + 15.0 * leaves;
-  if (tracer.stats().copies != 0) state.SkipWithError("inputs were copied");
 }
 
 // The same, with N outputs in the trace's own memory (each written by a one-element fill): the
@@ -69,23 +76,7 @@ void BM_TracerOverheadWithOutputs(benchmark::State& state) {
       },
       *device, TraceOptions{.prep_run = false});
   tracer(xs);
-  const auto& slots = std::get<0>(tracer.inputs());
-  const TraceId trace = tracer.trace_ids().front();
-  constexpr int kBatch = 64;
-  std::vector<double> tracer_ns, execute_ns;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < kBatch; ++i) benchmark::DoNotOptimize(&tracer(slots));
-    const auto t1 = Clock::now();
-    for (int i = 0; i < kBatch; ++i) device->execute_trace(trace, kDefaultQueue, Blocking::yes);
-    const auto t2 = Clock::now();
-    tracer_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / kBatch);
-    execute_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count() / kBatch);
-  }
-  const double tracer_median = median(tracer_ns), execute_median = median(execute_ns);
-  state.counters["tracer_ns"] = tracer_median;
-  state.counters["execute_ns"] = execute_median;
-  state.counters["overhead_ns"] = tracer_median - execute_median;
+  time_against_execute(state, tracer, *device);
 }
 
 }  // namespace
