@@ -9,7 +9,7 @@
 //    the better single-thread library (the acceptance figure at n = 256).
 //  BM_BandwidthVsMemcpy/<op>: GB/s of add (reads 2 x 16 MiB, writes 16 MiB) or softmax (reads
 //    and writes 16 MiB) next to std::memcpy of 16 MiB, interleaved; `ratio` = op / memcpy.
-#include "cpu/gemm.hpp"
+#include "cpu/isa.hpp"
 
 #include "util/timing.hpp"
 
@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -28,6 +29,15 @@ using namespace retrace;
 using timing::Clock;
 using timing::median;
 using timing::seconds;
+
+// The sgemm of the kernel variant a device picks here (the libraries as the device calls them).
+void sgemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
+           float* c, cpu::GemmLibrary library) {
+  static const cpu::KernelVariant& kernels =
+      *cpu::choose_variant("", std::getenv("RETRACE_CPU_ISA"), cpu::this_cpu(), "bench")
+           .variant;
+  kernels.sgemm(false, false, m, n, k, 1.0f, a, b, 0.0f, c, library);
+}
 
 struct MatmulSetup {
   std::unique_ptr<Device> device = open_cpu_device();
@@ -53,17 +63,14 @@ struct MatmulSetup {
       case 0: device->execute_trace(trace, kDefaultQueue, Blocking::yes); break;
       case 1:
         openblas_set_num_threads(1);
-        cpu::sgemm(false, false, m, n, k, 1.0f, ha.data(), hb.data(), 0.0f, hc.data(),
-                   cpu::GemmLibrary::openblas);
+        sgemm(m, n, k, ha.data(), hb.data(), hc.data(), cpu::GemmLibrary::openblas);
         break;
       case 2:
         openblas_set_num_threads(2);
-        cpu::sgemm(false, false, m, n, k, 1.0f, ha.data(), hb.data(), 0.0f, hc.data(),
-                   cpu::GemmLibrary::openblas);
+        sgemm(m, n, k, ha.data(), hb.data(), hc.data(), cpu::GemmLibrary::openblas);
         break;
       default:
-        cpu::sgemm(false, false, m, n, k, 1.0f, ha.data(), hb.data(), 0.0f, hc.data(),
-                   cpu::GemmLibrary::eigen);
+        sgemm(m, n, k, ha.data(), hb.data(), hc.data(), cpu::GemmLibrary::eigen);
         break;
     }
   }

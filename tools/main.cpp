@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     inspect->add_option("--dot", dot_path, "write a Graphviz graph of the trace to this file");
     std::string json_path, plot_path;
     std::vector<std::string> sizes{"S", "M", "L"};
+    std::vector<std::string> isas;
     int repeats = 5;
     std::int64_t steps = 3;
     CLI::App* bench = app.add_subcommand(
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
     bench->add_option("--sizes", sizes, "sizes to run: S, M, L")
         ->delimiter(',')
         ->check(CLI::IsMember({"S", "M", "L"}));
+    bench->add_option("--isa", isas,
+                      "CPU kernel variants to measure: names (x86-64, avx2, avx512) or all; "
+                      "default: the one a device picks")
+        ->delimiter(',');
     bench->add_option("--repeats", repeats, "rounds per mode")
         ->check(retrace::cli::whole_number(1, 10000));
     bench->add_option("--steps", steps, "steps per round")
@@ -85,7 +90,7 @@ int main(int argc, char** argv) {
       return fail(fmt::format("{} (see retrace --help)", e.what()));
     }
     if (*demo) return retrace::cli::run_demo(demo_options);
-    if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, repeats, steps);
+    if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, isas, repeats, steps);
     return retrace::cli::run_inspect(inspect_options, dot_path);
   } catch (const retrace::cli::DeviceUnavailable& e) {
     return fail(e.what(), 3);

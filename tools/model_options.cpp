@@ -52,7 +52,15 @@ std::unique_ptr<Device> open_device(const ModelOptions& options) {
           "--device {}: this build has the {} backend, but it cannot be used here: {}",
           options.device, name, backend.reason));
     }
-    auto device = retrace::open_device(options.device);
+    std::unique_ptr<Device> device;
+    try {
+      device = retrace::open_device(options.device);
+    } catch (const Error& e) {
+      // A device this machine cannot run as configured (RETRACE_CPU_ISA=avx512 on a CPU without
+      // AVX-512): exit status 3, like a missing GPU.
+      if (e.category() == ErrorCategory::unimplemented) throw DeviceUnavailable(e.what());
+      throw;
+    }
     if (const std::string about = device->description(); !about.empty()) {
       std::printf("%s: %s\n", device->name().c_str(), about.c_str());
     }

@@ -44,6 +44,7 @@ double time_ms(F&& f) {
 struct Row {
   std::string size;
   int threads;
+  std::string isa;  // the device's kernel variant
   double eager_ms, traced_ms, floor_ms, floor_max_rel_diff;
   std::optional<double> libtorch_ms, libtorch_rel_error;
 };
@@ -58,10 +59,13 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   return diff / std::max(scale, 1e-30);
 }
 
-Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::int64_t steps) {
+Row measure(const models::NamedDiTConfig& size, int threads, const std::string& isa, int repeats,
+            std::int64_t steps) {
   cpu::set_kernel_thread_limit(threads);
   openblas_set_num_threads(threads);
-  auto device = open_cpu_device();
+  CpuDeviceOptions options;
+  options.kernel_isa = isa;
+  auto device = open_cpu_device(options);
   const models::DiTConfig& c = size.config;
   models::DiT model(c, *device);
   const Shape shape{1, c.tokens, c.hidden};
@@ -86,7 +90,7 @@ Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::i
       *device, TraceOptions{.prep_run = true, .clone_prep_inputs = true, .name = "bench step"});
   const Tensor slot = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
   tracer(slot, t_features);  // capture (and run once)
-  FloorDiT floor(model, c.tokens);
+  const std::unique_ptr<FloorStep> floor = make_floor(model, c.tokens, cpu_kernel_isa(*device));
   std::vector<float> floor_x = start;
   std::string torch_missing;
   std::unique_ptr<TorchStep> torch_step = make_torch_step(model, c.tokens, torch_missing);
@@ -95,7 +99,7 @@ Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::i
 
   // Agreement: one step of each from the same state.
   std::vector<float> f = start;
-  floor.step(f.data(), features.data(), dt);
+  floor->step(f.data(), features.data(), dt);
   const Tensor once = model.euler_step(
       Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device), t_features, dt);
   const std::vector<float> e = once.to_vector<float>();
@@ -103,8 +107,9 @@ Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::i
   for (std::size_t i = 0; i < e.size(); ++i) {
     worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
   }
-  floor.step(floor_x.data(), features.data(), 0.0f);  // warm up
-  Row row{size.name, threads, 0, 0, 0, worst, std::nullopt, std::nullopt};
+  floor->step(floor_x.data(), features.data(), 0.0f);  // warm up
+  Row row{size.name, threads, cpu_kernel_isa(*device), 0, 0, 0, worst, std::nullopt,
+          std::nullopt};
   if (torch_step) {
     std::vector<float> t = start;
     torch_step->step(t.data(), features.data(), dt);
@@ -118,7 +123,7 @@ Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::i
         device->synchronize();
       }));
       traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs()), t_features); }));
-      floor_ms.push_back(time_ms([&] { floor.step(floor_x.data(), features.data(), dt); }));
+      floor_ms.push_back(time_ms([&] { floor->step(floor_x.data(), features.data(), dt); }));
       if (torch_step) {
         torch_ms.push_back(time_ms([&] { torch_step->step(torch_x.data(), features.data(), dt); }));
       }
@@ -131,7 +136,7 @@ Row measure(const models::NamedDiTConfig& size, int threads, int repeats, std::i
   return row;
 }
 
-void write_plot(const std::string& path, const std::vector<Row>& rows) {
+void write_plot(const std::string& path, const std::vector<Row>& rows, bool multi_isa) {
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
     std::printf("plot skipped: gnuplot is not installed (make bench installs gnuplot-nox)\n");
     return;
@@ -141,7 +146,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
     std::ofstream out(data);
     out << "# case eager traced floor libtorch\n";
     for (const Row& r : rows) {
-      out << r.size << "/" << r.threads << "t " << r.eager_ms << " " << r.traced_ms << " "
+      out << r.size << "/" << r.threads << "t" << (multi_isa ? "/" + r.isa : "") << " " << r.eager_ms << " " << r.traced_ms << " "
           << r.floor_ms << " " << (r.libtorch_ms ? fmt::format("{}", *r.libtorch_ms) : "NaN")
           << "\n";
     }
@@ -152,7 +157,8 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
         << "set title 'retrace: one DiT denoising step (float32, CPU device)'\n"
         << "set ylabel 'ms per step (log scale)'\nset logscale y\nset style data histograms\n"
         << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
-        << "set key top left\nset grid ytics\nset xlabel 'size / kernel threads'\n"
+        << "set key top left\nset grid ytics\nset xlabel 'size / kernel threads"
+        << (multi_isa ? " / kernel variant" : "") << "'\n"
         << "plot '" << data << "' using 2:xtic(1) title 'eager', '' using 3 title 'traced', "
         << "'' using 4 title 'floor', '' using 5 title 'libtorch'\n";
   }
@@ -160,10 +166,36 @@ void write_plot(const std::string& path, const std::vector<Row>& rows) {
   std::printf(rc == 0 ? "wrote %s\n" : "gnuplot failed for %s\n", path.c_str());
 }
 
+// "x86-64, avx2, avx512 (not on this CPU: lacks avx512f, ...)"
+std::string describe_isas() {
+  std::string out;
+  for (const CpuKernelIsa& isa : cpu_kernel_isas()) {
+    if (!out.empty()) out += ", ";
+    out += isa.name;
+    if (!isa.unusable.empty()) out += " (not on this CPU: " + isa.unusable + ")";
+  }
+  return out;
+}
+
+// {} -> the default variant; {"all"} -> every variant this CPU runs; names are checked when a
+// device opens with them.
+std::vector<std::string> expand_isas(const std::vector<std::string>& isas) {
+  if (isas.empty()) return {""};
+  if (isas.size() == 1 && isas[0] == "all") {
+    std::vector<std::string> out;
+    for (const CpuKernelIsa& isa : cpu_kernel_isas()) {
+      if (isa.unusable.empty()) out.push_back(isa.name);
+    }
+    return out;
+  }
+  return isas;
+}
+
 }  // namespace
 
 int run_dit_bench(const std::string& json_path, const std::string& plot_path,
-              const std::vector<std::string>& size_names, int repeats, std::int64_t steps) {
+                  const std::vector<std::string>& size_names, const std::vector<std::string>& isas,
+                  int repeats, std::int64_t steps) {
   // libtorch's OpenMP threads spin after each op by default, stealing the core from the modes
   // measured next; make them sleep (must be set before libtorch starts its thread pool).
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
@@ -176,7 +208,13 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
     models::DiT probe(models::DiTConfig{.tokens = 2, .hidden = 8, .depth = 1, .heads = 2}, *device);
     if (!make_torch_step(probe, 2, why)) std::printf("libtorch mode skipped: %s\n", why.c_str());
   }
-  std::printf("%-4s %7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "eager_ms",
+  const auto [default_isa, how] = default_cpu_kernel_isa();
+  std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
+              default_isa.c_str(), how.c_str());
+  std::vector<std::string> variants = expand_isas(isas);
+  const bool multi_isa = variants.size() > 1;
+  std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
+              "eager_ms",
               "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
               "traced/torch");
   for (const std::string& name : size_names) {
@@ -185,15 +223,17 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
                            [&](const models::NamedDiTConfig& s) { return s.name == name; });
     RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)",
                   name);
+    for (const std::string& isa : variants) {
     for (int threads : {1, 2}) {
-      const Row r = measure(*it, threads, repeats, steps);
+      const Row r = measure(*it, threads, isa, repeats, steps);
       rows.push_back(r);
       const std::string torch_ms = r.libtorch_ms ? fmt::format("{:.3f}", *r.libtorch_ms) : "-";
       const std::string over_torch =
           r.libtorch_ms ? fmt::format("{:.2f}x", r.traced_ms / *r.libtorch_ms) : "-";
-      std::printf("%-4s %7d %10.3f %10.3f %10.3f %11s %12.2fx %12.2fx %13s\n", r.size.c_str(),
-                  r.threads, r.eager_ms, r.traced_ms, r.floor_ms, torch_ms.c_str(),
+      std::printf("%-4s %7d %-7s %10.3f %10.3f %10.3f %11s %12.2fx %12.2fx %13s\n",
+                  r.size.c_str(), r.threads, r.isa.c_str(), r.eager_ms, r.traced_ms, r.floor_ms, torch_ms.c_str(),
                   r.eager_ms / r.traced_ms, r.traced_ms / r.floor_ms, over_torch.c_str());
+    }
     }
   }
   cpu::set_kernel_thread_limit(1 << 20);
@@ -205,6 +245,8 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
   for (const Row& r : rows) {
     out.push_back({{"size", r.size},
                    {"threads", r.threads},
+                   {"kernel_isa", r.isa},
+                   {"kernel_isa_choice", r.isa == default_isa ? how : std::string("requested")},
                    {"eager_ms", r.eager_ms},
                    {"traced_ms", r.traced_ms},
                    {"libtorch_ms", optional(r.libtorch_ms)},
@@ -228,7 +270,7 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("wrote %s\n", json_path.c_str());
   }
-  if (!plot_path.empty()) write_plot(plot_path, rows);
+  if (!plot_path.empty()) write_plot(plot_path, rows, multi_isa);
   return torch_mismatch ? 1 : 0;
 }
 

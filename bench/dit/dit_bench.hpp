@@ -8,9 +8,12 @@
 
 namespace retrace::bench {
 
-// Prints the table; writes JSON and a gnuplot chart when paths are given. Returns the exit
-// status (1 when a peer's output disagrees with retrace's).
+// Prints the table; writes JSON and a gnuplot chart when paths are given. `isas` are the CPU
+// kernel variants to measure: empty for the one a device picks by default, {"all"} for every
+// variant this CPU runs. Returns the exit status (1 when a peer's output disagrees with
+// retrace's).
 int run_dit_bench(const std::string& json_path, const std::string& plot_path,
-                  const std::vector<std::string>& sizes, int repeats, std::int64_t steps);
+                  const std::vector<std::string>& sizes, const std::vector<std::string>& isas,
+                  int repeats, std::int64_t steps);
 
 }  // namespace retrace::bench

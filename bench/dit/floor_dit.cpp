@@ -1,15 +1,39 @@
+// FloorDiT, compiled once per CPU kernel variant (bench/dit/CMakeLists.txt); the entry gives
+// its factory to make_floor (floor_select.cpp).
 #include "floor_dit.hpp"
 
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace retrace::bench {
 
 namespace {
+
 float silu(float x) { return x / (1.0f + cpu::vector_exp(-x)); }
-}  // namespace
+
+class FloorDiT final : public FloorStep {
+ public:
+  FloorDiT(const models::DiT& model, std::int64_t tokens);
+  void step(float* x, const float* t_features, float dt) override;
+
+ private:
+  const std::vector<float>& w(const std::string& name) const { return weights_.at(name); }
+  void linear(const float* x, std::int64_t rows, const std::string& prefix, std::int64_t out,
+              std::int64_t in, float* y) const;
+  void modulated_norm(const float* x, const float* shift, const float* scale, float* y) const;
+  void attention(const float* qkv, float* out);
+
+  models::DiTConfig config_;
+  std::int64_t tokens_;
+  std::map<std::string, std::vector<float>> weights_;
+  std::vector<float> temb_, hidden_, c_, mod_, y_, qkv_, attn_, proj_, mlp_, v_;
+  std::vector<float> q_, k_, vh_, scores_, head_out_;
+};
 
 FloorDiT::FloorDiT(const models::DiT& model, std::int64_t tokens)
     : config_(model.config()), tokens_(tokens) {
@@ -113,4 +137,14 @@ void FloorDiT::step(float* x, const float* t_features, float dt) {
   for (std::int64_t i = 0; i < t * h; ++i) x[i] += dt * v_[i];
 }
 
+std::unique_ptr<FloorStep> make(const models::DiT& model, std::int64_t tokens) {
+  return std::make_unique<FloorDiT>(model, tokens);
+}
+
+}  // namespace
 }  // namespace retrace::bench
+
+extern "C" retrace::bench::MakeFloor RETRACE_CPU_VARIANT_ENTRY() noexcept;
+extern "C" retrace::bench::MakeFloor RETRACE_CPU_VARIANT_ENTRY() noexcept {
+  return &retrace::bench::make;
+}

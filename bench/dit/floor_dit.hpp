@@ -1,35 +1,31 @@
 // The floor of the benchmark: one DiT Euler step written directly against the kernel library
 // (sgemm through Eigen/OpenBLAS, the CPU device's vectorised loops) on preallocated float32
-// buffers: no ops, no device, no allocation. The best a replay could do.
+// buffers: no ops, no device, no allocation. The best a replay could do. Built once per CPU
+// kernel variant, like the device's kernels, so each is compared with the same instruction set.
 #pragma once
 
 #include <retrace/models/dit.hpp>
 
-#include <map>
-#include <string>
-#include <vector>
+#include <memory>
+#include <string_view>
 
 namespace retrace::bench {
 
-class FloorDiT {
+class FloorStep {
  public:
-  // Copies the model's weights (float32) and allocates every buffer for `tokens` tokens.
-  FloorDiT(const models::DiT& model, std::int64_t tokens);
+  FloorStep() = default;
+  FloorStep(const FloorStep&) = delete;
+  FloorStep& operator=(const FloorStep&) = delete;
+  virtual ~FloorStep() = default;
   // x <- x + dt * v(x, t_features); x is [tokens, hidden].
-  void step(float* x, const float* t_features, float dt);
-
- private:
-  const std::vector<float>& w(const std::string& name) const { return weights_.at(name); }
-  void linear(const float* x, std::int64_t rows, const std::string& prefix, std::int64_t out,
-              std::int64_t in, float* y) const;
-  void modulated_norm(const float* x, const float* shift, const float* scale, float* y) const;
-  void attention(const float* qkv, float* out);
-
-  models::DiTConfig config_;
-  std::int64_t tokens_;
-  std::map<std::string, std::vector<float>> weights_;
-  std::vector<float> temb_, hidden_, c_, mod_, y_, qkv_, attn_, proj_, mlp_, v_;
-  std::vector<float> q_, k_, vh_, scores_, head_out_;
+  virtual void step(float* x, const float* t_features, float dt) = 0;
 };
+
+using MakeFloor = std::unique_ptr<FloorStep> (*)(const models::DiT& model, std::int64_t tokens);
+
+// The floor for the CPU kernel variant `isa` ("avx2", as retrace::cpu_kernel_isa names it):
+// copies the model's weights (float32) and allocates every buffer for `tokens` tokens.
+[[nodiscard]] std::unique_ptr<FloorStep> make_floor(const models::DiT& model, std::int64_t tokens,
+                                                    std::string_view isa);
 
 }  // namespace retrace::bench

@@ -8,6 +8,14 @@
 // (RETRACE_KERNEL_THREADS caps the threads). Commands are plain structs (a kernel function
 // pointer and its parameters), replayed by walking an array.
 //
+// The kernels are built for several instruction sets (on x86-64: "x86-64", the baseline;
+// "avx2", x86-64-v3; "avx512", x86-64-v4) and each device runs one of them, chosen when it
+// opens: CpuDeviceOptions::kernel_isa if set, else the environment variable RETRACE_CPU_ISA,
+// else automatically from the CPU (cpuid, and whether the OS saves the vector registers): the
+// widest variant it runs, except on AMD CPUs, which get avx2 (AVX-512 kernels measured slower
+// there). Results are bit-identical between eager and traced work of one device; devices on
+// different variants may round differently (FMA contraction, vector widths).
+//
 //   retrace::CpuDeviceOptions options;
 //   options.memory_bytes = 256 << 20;
 //   auto device = retrace::open_cpu_device(options);           // "cpu:0"
@@ -18,6 +26,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace retrace {
@@ -39,11 +49,30 @@ struct CpuDeviceOptions {
   // Debug aid: bytes of a known pattern before and after every buffer, checked when the buffer
   // is freed; damage is reported as a sticky device error at the next synchronize.
   std::size_t guard_bytes = 0;
+  // The kernel variant: "" (RETRACE_CPU_ISA if set, else automatic), "auto", "x86-64"
+  // (alias "baseline"), "avx2" (alias "x86-64-v3") or "avx512" ("x86-64-v4"); on other
+  // architectures "generic". A name this build lacks is invalid_argument; a variant this CPU
+  // cannot run is unimplemented, naming what it lacks.
+  std::string kernel_isa = {};
 };
 
 [[nodiscard]] std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options = {});
 // n independent devices with ids 0..n-1, each with its own memory and queues.
 [[nodiscard]] std::vector<std::unique_ptr<Device>> open_cpu_devices(
     std::size_t count, CpuDeviceOptions options = {});
+
+struct CpuKernelIsa {
+  std::string name;      // "avx2"
+  std::string march;     // the -march it was built with ("x86-64-v3"); "" for generic
+  std::string unusable;  // "" when this CPU runs it, else why not ("lacks avx512f, ...")
+};
+// The kernel variants this library was built with, narrowest first.
+[[nodiscard]] std::vector<CpuKernelIsa> cpu_kernel_isas();
+// The variant a CPU device opened now with kernel_isa "" would run, and why:
+// {"avx2", "automatic"} or {"x86-64", "RETRACE_CPU_ISA"}. Throws as open_cpu_device would
+// for a bad RETRACE_CPU_ISA.
+[[nodiscard]] std::pair<std::string, std::string> default_cpu_kernel_isa();
+// The variant the device runs ("avx2"), or "" if it is not a CPU device.
+[[nodiscard]] std::string cpu_kernel_isa(Device& device);
 
 }  // namespace retrace

@@ -1,6 +1,7 @@
 // CpuBackend: the backend of the CPU device (see retrace/cpu.hpp), the reference a new backend
 // starts from. Memory is an anonymous mapping; each queue is a CpuQueue (a worker thread or the
 // calling thread); a trace is a Program of plain {kernel, parameters} commands.
+#include "cpu/isa.hpp"
 #include "cpu/queue.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/cpu.hpp"
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -60,13 +62,19 @@ struct CpuTrace final : BackendTrace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuDeviceOptions& options)
-      : options_(options), region_(fmt::format("cpu:{}", options.id), options.memory_bytes) {
+      : options_(options),
+        choice_(choose_variant(options.kernel_isa, std::getenv("RETRACE_CPU_ISA"), this_cpu(),
+                               fmt::format("cpu:{}", options.id))),
+        kernels_(*choice_.variant),
+        region_(fmt::format("cpu:{}", options.id), options.memory_bytes) {
     queues_.reserve(options.num_queues);
     for (std::uint32_t q = 0; q < options.num_queues; ++q) {
       queues_.push_back(std::make_unique<CpuQueue>(
-          fmt::format("queue {} of cpu:{}", q, options.id), options));
+          fmt::format("queue {} of cpu:{}", q, options.id), options, kernels_));
     }
   }
+
+  [[nodiscard]] const KernelVariant& kernels() const noexcept { return kernels_; }
 
   ~CpuBackend() override {
     queues_.clear();  // joins the workers; buffers they still hold see a closed device
@@ -84,12 +92,13 @@ class CpuBackend final : public Backend {
     return false;
   }
 
-  bool supports(KernelId kernel) const noexcept override { return cpu_supports(kernel); }
+  bool supports(KernelId kernel) const noexcept override { return kernels_.supports(kernel); }
 
   std::string description() const override {
-    return fmt::format("{} hardware threads, {} queues ({})", std::thread::hardware_concurrency(),
-                       queues_.size(),
-                       options_.execution == ExecutionMode::worker ? "worker threads" : "inline");
+    return fmt::format("{} hardware threads, {} queues ({}), {} kernels ({})",
+                       std::thread::hardware_concurrency(), queues_.size(),
+                       options_.execution == ExecutionMode::worker ? "worker threads" : "inline",
+                       kernels_.name, choice_.how);
   }
 
   MemoryRegion region() override { return {region_.base(), region_.size(), 64, true}; }
@@ -109,7 +118,7 @@ class CpuBackend final : public Backend {
     if (!src.empty()) std::memcpy(staged.get(), src.data(), src.size());
     CopyParams params{staged.get(), target, static_cast<std::int64_t>(src.size())};
     Buffer* buffers[] = {const_cast<Buffer*>(&dst)};
-    program->append(resolve_kernel(make_launch("write", params, buffers)), "write", &params,
+    program->append(kernels_.resolve(make_launch("write", params, buffers)), "write", &params,
                     sizeof params);
     program->retained.push_back(const_cast<Buffer&>(dst).shared_from_this());
     program->staging.push_back(std::move(staged));
@@ -195,6 +204,8 @@ class CpuBackend final : public Backend {
   }
 
   CpuDeviceOptions options_;
+  VariantChoice choice_;
+  const KernelVariant& kernels_;
   MappedRegion region_;
   std::vector<std::unique_ptr<CpuQueue>> queues_;
 };
@@ -208,6 +219,26 @@ std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options) {
   RETRACE_CHECK(options.num_queues >= 1 && options.num_queues <= 64, invalid_argument,
                 "cpu:{}: num_queues must be in [1, 64], got {}", options.id, options.num_queues);
   return make_device(std::make_unique<cpu::CpuBackend>(options), common);
+}
+
+std::vector<CpuKernelIsa> cpu_kernel_isas() {
+  std::vector<CpuKernelIsa> out;
+  for (const cpu::VariantInfo& v : cpu::built_variants()) {
+    out.push_back({std::string(v.name), std::string(v.march),
+                   cpu::unsupported_reason(v.name, cpu::this_cpu())});
+  }
+  return out;
+}
+
+std::pair<std::string, std::string> default_cpu_kernel_isa() {
+  const cpu::VariantChoice choice =
+      cpu::choose_variant("", std::getenv("RETRACE_CPU_ISA"), cpu::this_cpu(), "cpu");
+  return {choice.variant->name, choice.how};
+}
+
+std::string cpu_kernel_isa(Device& device) {
+  const auto* backend = backend_of<cpu::CpuBackend>(device);
+  return backend == nullptr ? std::string() : std::string(backend->kernels().name);
 }
 
 std::vector<std::unique_ptr<Device>> open_cpu_devices(std::size_t count,

@@ -39,8 +39,10 @@ void CpuEventState::signal() noexcept {
   done_.notify_all();
 }
 
-CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options)
+CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options,
+                   const KernelVariant& kernels)
     : label_(std::move(label)),
+      kernels_(kernels),
       mode_(options.execution),
       eager_batch_(std::max<std::uint32_t>(options.eager_batch, 1)),
       spin_us_(options.worker_spin_us) {
@@ -67,7 +69,7 @@ void CpuQueue::record_command(Program& program, const KernelLaunch& launch, Kern
 }
 
 void CpuQueue::enqueue(const KernelLaunch& launch) {
-  const KernelFn fn = resolve_kernel(launch);  // may throw: before anything is recorded
+  const KernelFn fn = kernels_.resolve(launch);  // may throw: before anything is recorded
   std::lock_guard lock(mutex_);
   if (capture_) {
     record_command(*capture_, launch, fn);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "cpu/program.hpp"
+#include "cpu/variant.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/cpu.hpp"
 
@@ -41,7 +42,7 @@ class CpuEventState final : public detail::EventState {
 
 class CpuQueue {
  public:
-  CpuQueue(std::string label, const CpuDeviceOptions& options);
+  CpuQueue(std::string label, const CpuDeviceOptions& options, const KernelVariant& kernels);
   ~CpuQueue();  // drains the queue, then stops the worker
   CpuQueue(const CpuQueue&) = delete;
   CpuQueue& operator=(const CpuQueue&) = delete;
@@ -79,6 +80,7 @@ class CpuQueue {
   void record_command(Program& program, const KernelLaunch& launch, KernelFn fn);
 
   std::string label_;
+  const KernelVariant& kernels_;
   ExecutionMode mode_;
   std::uint32_t eager_batch_;
   std::uint32_t spin_us_;
