@@ -74,8 +74,22 @@ inline std::string backend_skip_reason(const std::string& backend) {
   return "retrace was built without the " + backend + " backend (it has: " + known + ")";
 }
 
+// Why CPU devices cannot open here ("" when they can): RETRACE_CPU_ISA names a kernel variant
+// this CPU cannot run (CTest runs the suites once per variant).
+inline std::string cpu_isa_skip_reason() {
+  try {
+    (void)default_cpu_kernel_isa();
+  } catch (const Error& e) {
+    if (e.category() == ErrorCategory::unimplemented) return e.message();
+  }
+  return {};
+}
+
 // Why the selected backend cannot run here ("" when it can).
-inline std::string test_skip_reason() { return backend_skip_reason(test_backend()); }
+inline std::string test_skip_reason() {
+  if (std::string reason = backend_skip_reason(test_backend()); !reason.empty()) return reason;
+  return test_backend() == "cpu" ? cpu_isa_skip_reason() : std::string();
+}
 
 struct TestDeviceSpec {
   DeviceId id{0};

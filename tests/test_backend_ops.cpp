@@ -118,6 +118,73 @@ TEST_P(BackendOpsTest, EveryOpAgreesWithTheCpuDevice) {
   }
 }
 
+// Every CPU kernel variant (instruction set) against the baseline variant, on the same cases;
+// within a variant, a replay of each case equals its eager run bit for bit.
+}  // namespace
+
+void PrintTo(const CpuKernelIsa& isa, std::ostream* os) { *os << isa.name; }
+
+namespace {
+
+class CpuVariantOpsTest : public ::testing::TestWithParam<CpuKernelIsa> {};
+
+TEST_P(CpuVariantOpsTest, AgreesWithTheBaselineAndReplaysBitForBit) {
+  const CpuKernelIsa& isa = GetParam();
+  if (!isa.unusable.empty()) {
+    GTEST_SKIP() << "the " << isa.name << " kernels cannot run on this CPU: it " << isa.unusable;
+  }
+  CpuDeviceOptions options;
+  options.kernel_isa = cpu_kernel_isas().front().name;
+  auto baseline = open_cpu_device(options);
+  options.kernel_isa = isa.name;
+  options.id = DeviceId{1};
+  auto device = open_cpu_device(options);
+  ASSERT_EQ(cpu_kernel_isa(*device), isa.name);
+  std::uint64_t salt = 5000;
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    for (const OpCase& c : op_cases()) {
+      salt += 10;
+      SCOPED_TRACE(fmt::format("{} {} with the {} kernels", c.name, dtype, isa.name));
+      const std::vector<float> want = run_case(c, *baseline, dtype, salt);
+      const std::vector<float> got = run_case(c, *device, dtype, salt);
+      ASSERT_EQ(got.size(), want.size());
+      // Variants may contract a*b+c into one FMA or sum in another order: float32 within the
+      // case's tolerance (2 ulp for the exact ones), bfloat16 within one rounding.
+      const double tolerance = dtype == DType::bfloat16 ? 1.0 / 64 : std::max(c.tolerance_f32, 2e-7);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_LE(std::abs(got[i] - want[i]), tolerance * std::max(1.0f, std::abs(want[i])))
+            << "element " << i << ": " << got[i] << " vs " << want[i];
+      }
+      // Traced == eager within the variant.
+      std::vector<Tensor> inputs;
+      for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+        const auto n = static_cast<std::size_t>(c.inputs[i].numel());
+        inputs.push_back(Tensor::from_vector<float>(random_floats(n, salt + i, -2.0f, 2.0f),
+                                                    c.inputs[i], dtype)
+                             .to_device(*device));
+      }
+      auto tracer = make_tracer([&c](const std::vector<Tensor>& x) { return c.run(x); }, *device);
+      (void)tracer(inputs);                                     // capture
+      const std::vector<float> replayed = tracer(inputs).to_vector<float>();  // replay
+      ASSERT_EQ(tracer.stats().replays, 1u);
+      ASSERT_EQ(replayed.size(), got.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(replayed[i]), std::bit_cast<std::uint32_t>(got[i]))
+            << "element " << i << ": replay " << replayed[i] << " vs eager " << got[i];
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Built, CpuVariantOpsTest, ::testing::ValuesIn(cpu_kernel_isas()),
+                         [](const ::testing::TestParamInfo<CpuKernelIsa>& param) {
+                           std::string name = param.param.name;
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
 std::vector<std::string> registered_backends() {
   std::vector<std::string> names;
   for (const BackendStatus& status : available_backends()) names.push_back(status.name);
