@@ -1,11 +1,12 @@
 #include "cpu/gemm.hpp"
 
-// GCC 12 warns "may be used uninitialized" inside its own AVX-512 intrinsics as Eigen inlines
+// GCC 12 warns "(may be) used uninitialized" inside its own AVX-512 intrinsics as Eigen inlines
 // them (the intrinsics start from a deliberately undefined register); silenced here, for this
 // include only, so the avx512 kernel variant builds with warnings as errors.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <Eigen/Core>
 #if defined(__GNUC__) && !defined(__clang__)
