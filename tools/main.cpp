@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
     std::string json_path, plot_path;
     std::vector<std::string> sizes{"S", "M", "L"};
     std::vector<std::string> isas;
+    int libtorch_peer = 0;
     int repeats = 5;
     std::int64_t steps = 3;
     CLI::App* bench = app.add_subcommand(
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
                       "CPU kernel variants to measure: names (x86-64, avx2, avx512) or all; "
                       "default: the one a device picks")
         ->delimiter(',');
+    // Internal: the bench's libtorch child process (one size, this many threads).
+    bench->add_option("--libtorch-peer", libtorch_peer)
+        ->check(retrace::cli::whole_number(1, 1024))
+        ->group("");
     bench->add_option("--repeats", repeats, "rounds per mode")
         ->check(retrace::cli::whole_number(1, 10000));
     bench->add_option("--steps", steps, "steps per round")
@@ -90,6 +95,9 @@ int main(int argc, char** argv) {
       return fail(fmt::format("{} (see retrace --help)", e.what()));
     }
     if (*demo) return retrace::cli::run_demo(demo_options);
+    if (*bench && libtorch_peer > 0) {
+      return retrace::bench::run_libtorch_peer(sizes.at(0), libtorch_peer, repeats, steps);
+    }
     if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, isas, repeats, steps);
     return retrace::cli::run_inspect(inspect_options, dot_path);
   } catch (const retrace::cli::DeviceUnavailable& e) {

@@ -3,8 +3,10 @@
 // step: eager (ops dispatched one by one), traced (the step replayed), floor (the same math
 // straight on the kernel library, FloorDiT) and libtorch (the same model and weights in
 // libtorch's C++ API, when the build found libtorch; its output must match ours within a
-// relative error of 1e-4 or the bench fails). Modes are interleaved and repeated in one
-// process; medians and ratios go to JSON, and a gnuplot chart when gnuplot is installed.
+// relative error of 1e-4 or the bench fails). retrace's modes are interleaved and repeated in
+// one process; libtorch runs in a child process of its own per size and thread count (see
+// measure_libtorch). Medians and ratios go to JSON, and a gnuplot chart when gnuplot is
+// installed.
 #include "floor_dit.hpp"
 #include "dit_bench.hpp"
 
@@ -23,9 +25,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
 
 namespace retrace::bench {
 
@@ -59,6 +63,70 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   return diff / std::max(scale, 1e-30);
 }
 
+// The state a step starts from, and the step's arguments, as every mode (and the libtorch
+// child) builds them: the same seed, so the same numbers in every process.
+struct StepInputs {
+  std::vector<float> start, features;
+  float dt;
+};
+
+StepInputs step_inputs(const models::DiT& model, std::int64_t steps) {
+  const models::DiTConfig& c = model.config();
+  StepInputs in;
+  in.start.resize(static_cast<std::size_t>(c.tokens * c.hidden));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : in.start) v = dist(rng);
+  in.features = model.timestep_features(0.5f);
+  in.dt = -1.0f / static_cast<float>(steps);
+  return in;
+}
+
+const models::NamedDiTConfig& find_size(const std::string& name) {
+  const auto& sizes = models::benchmark_sizes();
+  auto it = std::find_if(sizes.begin(), sizes.end(),
+                         [&](const models::NamedDiTConfig& s) { return s.name == name; });
+  RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)", name);
+  return *it;
+}
+
+// libtorch's step for one size and thread count, timed in a child process (this program with
+// --libtorch-peer) started with OMP_WAIT_POLICY=PASSIVE (unless set already) and
+// OPENBLAS_NUM_THREADS=<threads>. Why: libtorch runs its ops on OpenMP (libgomp) threads and
+// its matrix products on OpenBLAS's own threads; with libgomp's default policy its idle threads
+// spin and take the cores from OpenBLAS's, so at two threads on two cores the step ran 2-6x
+// slower than on one (M: 127-216 ms vs 64 ms, alone in its process as much as in ours). libgomp
+// reads OMP_WAIT_POLICY once, when it is loaded, so only a new process can set it; the BLAS
+// library libtorch calls is a separate copy of OpenBLAS that openblas_set_num_threads in this
+// process does not reach. Both settings are what a user tuning libtorch on such a machine sets.
+void measure_libtorch(Row& row, int repeats, std::int64_t steps) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string command = fmt::format(
+      "OMP_WAIT_POLICY={} OPENBLAS_NUM_THREADS={} '{}' bench --libtorch-peer {} --sizes {} "
+      "--repeats {} --steps {}",
+      policy != nullptr && *policy != '\0' ? policy : "PASSIVE", row.threads, self, row.threads,
+      row.size, repeats, steps);
+  FILE* pipe = ::popen(command.c_str(), "r");
+  RETRACE_CHECK(pipe != nullptr, device_error, "bench: cannot start the libtorch process ({})",
+                command);
+  std::string output;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
+  const int status = ::pclose(pipe);
+  double ms = 0.0, error = 0.0;
+  std::istringstream in(output);
+  std::string key;
+  while (in >> key) {
+    if (key == "libtorch_ms") in >> ms;
+    if (key == "libtorch_relative_error") in >> error;
+  }
+  RETRACE_CHECK(status == 0 && ms > 0.0, device_error,
+                "bench: the libtorch process failed (status {}): {}", status, output);
+  row.libtorch_ms = ms;
+  row.libtorch_rel_error = error;
+}
+
 Row measure(const models::NamedDiTConfig& size, int threads, const std::string& isa, int repeats,
             std::int64_t steps) {
   cpu::set_kernel_thread_limit(threads);
@@ -69,12 +137,10 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   const models::DiTConfig& c = size.config;
   models::DiT model(c, *device);
   const Shape shape{1, c.tokens, c.hidden};
-  std::vector<float> start(static_cast<std::size_t>(c.tokens * c.hidden));
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (float& v : start) v = dist(rng);
-  const std::vector<float> features = model.timestep_features(0.5f);
-  const float dt = -1.0f / static_cast<float>(steps);
+  const StepInputs in = step_inputs(model, steps);
+  const std::vector<float>& start = in.start;
+  const std::vector<float>& features = in.features;
+  const float dt = in.dt;
   const Tensor t_features =
       Tensor::from_vector<float>(features, {1, c.hidden}, c.dtype).to_device(*device);
 
@@ -92,10 +158,6 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   tracer(slot, t_features);  // capture (and run once)
   const std::unique_ptr<FloorStep> floor = make_floor(model, c.tokens, cpu_kernel_isa(*device));
   std::vector<float> floor_x = start;
-  std::string torch_missing;
-  std::unique_ptr<TorchStep> torch_step = make_torch_step(model, c.tokens, torch_missing);
-  std::vector<float> torch_x = start;
-  if (torch_step) torch_step->set_threads(threads);
 
   // Agreement: one step of each from the same state.
   std::vector<float> f = start;
@@ -110,12 +172,7 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   floor->step(floor_x.data(), features.data(), 0.0f);  // warm up
   Row row{size.name, threads, cpu_kernel_isa(*device), 0, 0, 0, worst, std::nullopt,
           std::nullopt};
-  if (torch_step) {
-    std::vector<float> t = start;
-    torch_step->step(t.data(), features.data(), dt);
-    row.libtorch_rel_error = relative_error(t, e);
-  }
-  std::vector<double> eager_ms, traced_ms, floor_ms, torch_ms;
+  std::vector<double> eager_ms, traced_ms, floor_ms;
   for (int r = 0; r < repeats; ++r) {
     for (std::int64_t s = 0; s < steps; ++s) {
       eager_ms.push_back(time_ms([&] {
@@ -124,12 +181,8 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
       }));
       traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs()), t_features); }));
       floor_ms.push_back(time_ms([&] { floor->step(floor_x.data(), features.data(), dt); }));
-      if (torch_step) {
-        torch_ms.push_back(time_ms([&] { torch_step->step(torch_x.data(), features.data(), dt); }));
-      }
     }
   }
-  if (torch_step) row.libtorch_ms = median(torch_ms);
   row.eager_ms = median(eager_ms);
   row.traced_ms = median(traced_ms);
   row.floor_ms = median(floor_ms);
@@ -196,17 +249,21 @@ std::vector<std::string> expand_isas(const std::vector<std::string>& isas) {
 int run_dit_bench(const std::string& json_path, const std::string& plot_path,
                   const std::vector<std::string>& size_names, const std::vector<std::string>& isas,
                   int repeats, std::int64_t steps) {
-  // libtorch's OpenMP threads spin after each op by default, stealing the core from the modes
-  // measured next; make them sleep (must be set before libtorch starts its thread pool).
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   std::vector<Row> rows;
   std::printf("retrace bench: one DiT Euler step, float32, medians of %d x %lld steps per mode\n",
               repeats, static_cast<long long>(steps));
+  bool with_torch = false;
   {
     std::string why;
     auto device = open_cpu_device();
     models::DiT probe(models::DiTConfig{.tokens = 2, .hidden = 8, .depth = 1, .heads = 2}, *device);
-    if (!make_torch_step(probe, 2, why)) std::printf("libtorch mode skipped: %s\n", why.c_str());
+    with_torch = make_torch_step(probe, 2, why) != nullptr;
+    if (!with_torch) std::printf("libtorch mode skipped: %s\n", why.c_str());
+    else {
+      std::printf("libtorch: timed in a process of its own per size and thread count, with "
+                  "OMP_WAIT_POLICY=PASSIVE and OPENBLAS_NUM_THREADS=<threads> (with libgomp's "
+                  "default policy its idle threads spin and starve OpenBLAS's threads)\n");
+    }
   }
   const auto [default_isa, how] = default_cpu_kernel_isa();
   std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
@@ -218,14 +275,11 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
               "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
               "traced/torch");
   for (const std::string& name : size_names) {
-    const auto& sizes = models::benchmark_sizes();
-    auto it = std::find_if(sizes.begin(), sizes.end(),
-                           [&](const models::NamedDiTConfig& s) { return s.name == name; });
-    RETRACE_CHECK(it != sizes.end(), invalid_argument, "bench: unknown size {} (use S, M, L)",
-                  name);
+    const models::NamedDiTConfig& size = find_size(name);
     for (const std::string& isa : variants) {
     for (int threads : {1, 2}) {
-      const Row r = measure(*it, threads, isa, repeats, steps);
+      Row r = measure(size, threads, isa, repeats, steps);
+      if (with_torch && isa == variants.front()) measure_libtorch(r, repeats, steps);
       rows.push_back(r);
       const std::string torch_ms = r.libtorch_ms ? fmt::format("{:.3f}", *r.libtorch_ms) : "-";
       const std::string over_torch =
@@ -272,6 +326,37 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
   }
   if (!plot_path.empty()) write_plot(plot_path, rows, multi_isa);
   return torch_mismatch ? 1 : 0;
+}
+
+int run_libtorch_peer(const std::string& size_name, int threads, int repeats,
+                      std::int64_t steps) {
+  const models::NamedDiTConfig& size = find_size(size_name);
+  auto device = open_cpu_device();
+  const models::DiTConfig& c = size.config;
+  models::DiT model(c, *device);
+  std::string why;
+  std::unique_ptr<TorchStep> torch_step = make_torch_step(model, c.tokens, why);
+  RETRACE_CHECK(torch_step != nullptr, unimplemented, "bench: {}", why);
+  torch_step->set_threads(threads);
+  const StepInputs in = step_inputs(model, steps);
+  const Shape shape{1, c.tokens, c.hidden};
+  const Tensor t_features =
+      Tensor::from_vector<float>(in.features, {1, c.hidden}, c.dtype).to_device(*device);
+  const std::vector<float> want =
+      model.euler_step(Tensor::from_vector<float>(in.start, shape, c.dtype).to_device(*device),
+                       t_features, in.dt)
+          .to_vector<float>();
+  std::vector<float> x = in.start;
+  torch_step->step(x.data(), in.features.data(), in.dt);
+  const double error = relative_error(x, want);
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    for (std::int64_t s = 0; s < steps; ++s) {
+      ms.push_back(time_ms([&] { torch_step->step(x.data(), in.features.data(), in.dt); }));
+    }
+  }
+  std::printf("libtorch_ms %.9g libtorch_relative_error %.9g\n", median(ms), error);
+  return 0;
 }
 
 }  // namespace retrace::bench

@@ -16,4 +16,8 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
                   const std::vector<std::string>& sizes, const std::vector<std::string>& isas,
                   int repeats, std::int64_t steps);
 
+// The libtorch side of the bench, run by `retrace bench --libtorch-peer THREADS` in a child
+// process: times libtorch's step at one size and prints "libtorch_ms X libtorch_relative_error Y".
+int run_libtorch_peer(const std::string& size, int threads, int repeats, std::int64_t steps);
+
 }  // namespace retrace::bench
