@@ -211,7 +211,7 @@ void write_plot(const std::string& path, const std::vector<Row>& rows, bool mult
         << "set ylabel 'ms per step (log scale)'\nset logscale y\nset style data histograms\n"
         << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
         << "set key top left\nset grid ytics\nset xlabel 'size / kernel threads"
-        << (multi_isa ? " / kernel variant" : "") << "'\n"
+        << (multi_isa ? " / kernel variant'\nset xtics rotate by -30\n" : "'\n")
         << "plot '" << data << "' using 2:xtic(1) title 'eager', '' using 3 title 'traced', "
         << "'' using 4 title 'floor', '' using 5 title 'libtorch'\n";
   }
