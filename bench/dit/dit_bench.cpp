@@ -241,7 +241,24 @@ std::vector<std::string> expand_isas(const std::vector<std::string>& isas) {
     }
     return out;
   }
-  return isas;
+  std::vector<std::string> out;
+  const std::vector<CpuKernelIsa> built = cpu_kernel_isas();
+  for (const std::string& name : isas) {
+    const std::string canonical = name == "baseline"    ? built.front().name
+                                  : name == "x86-64-v3" ? std::string("avx2")
+                                  : name == "x86-64-v4" ? std::string("avx512")
+                                                        : name;
+    const auto it = std::find_if(built.begin(), built.end(),
+                                 [&](const CpuKernelIsa& isa) { return isa.name == canonical; });
+    RETRACE_CHECK(it != built.end(), invalid_argument,
+                  "bench: --isa: unknown kernel variant '{}' (this build has: {}, or all)", name,
+                  describe_isas());
+    RETRACE_CHECK(it->unusable.empty(), unimplemented,
+                  "bench: --isa {}: this CPU cannot run the {} kernels: it {}", name, it->name,
+                  it->unusable);
+    out.push_back(it->name);
+  }
+  return out;
 }
 
 }  // namespace
@@ -249,6 +266,7 @@ std::vector<std::string> expand_isas(const std::vector<std::string>& isas) {
 int run_dit_bench(const std::string& json_path, const std::string& plot_path,
                   const std::vector<std::string>& size_names, const std::vector<std::string>& isas,
                   int repeats, std::int64_t steps) {
+  const std::vector<std::string> variants = expand_isas(isas);  // checked before anything runs
   std::vector<Row> rows;
   std::printf("retrace bench: one DiT Euler step, float32, medians of %d x %lld steps per mode\n",
               repeats, static_cast<long long>(steps));
@@ -268,7 +286,6 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
   const auto [default_isa, how] = default_cpu_kernel_isa();
   std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
               default_isa.c_str(), how.c_str());
-  std::vector<std::string> variants = expand_isas(isas);
   const bool multi_isa = variants.size() > 1;
   std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
               "eager_ms",
