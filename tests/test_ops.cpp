@@ -466,7 +466,7 @@ TEST(OpsErrorTest, ShapeAndArgumentErrorsNameTheOp) {
                        "reshape: cannot infer the -1 extent");
   Tensor q = ops::full({1, 2, 4, 8}, 1.0, *device);
   EXPECT_RETRACE_ERROR((void)ops::scaled_dot_product_attention(q, q, q, ops::full({3, 4}, 0.0, *device)),
-                       invalid_argument, "mask [3, 4] must end in [4, 4]");
+                       invalid_argument, "mask [3, 4] does not broadcast to");
   EXPECT_RETRACE_ERROR((void)ops::scaled_dot_product_attention(q, ops::full({1, 2, 4, 7}, 1.0, *device), q),
                        invalid_argument, "shapes do not fit");
   EXPECT_RETRACE_ERROR((void)ops::exp(Tensor()), invalid_argument, "exp: a is a null tensor");

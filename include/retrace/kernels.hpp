@@ -203,7 +203,8 @@ struct TilizeParams {
 };
 
 // out = softmax(q k^T * scale + mask) v per (batch, head); q [B,H,Sq,D], k [B,H,Sk,D],
-// v [B,H,Sk,Dv], mask broadcast to [B,H,Sq,Sk] with the given batch/head strides (elements).
+// v [B,H,Sk,Dv], mask broadcast to [B,H,Sq,Sk] with the given batch/head/row strides
+// (elements; 0 where the mask broadcasts).
 struct AttentionParams {
   const void* q;
   const void* k;
@@ -213,6 +214,7 @@ struct AttentionParams {
   std::int64_t batch, heads, sq, sk, d, dv;
   std::int64_t mask_batch_stride;
   std::int64_t mask_head_stride;
+  std::int64_t mask_row_stride;
   float scale;
   DType dtype;
 };

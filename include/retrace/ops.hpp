@@ -4,6 +4,14 @@
 // float32 and bfloat16 everywhere (bfloat16 storage, float32 arithmetic); int32/uint32 for
 // elementwise arithmetic and typecasts. Optional tensor arguments are "absent" when null.
 //
+// Edges: a 0 extent broadcast against 1 gives 0; reductions over an empty last dimension give
+// sum 0, mean NaN, max -inf; NaN propagates through relu, max, maximum and minimum (either
+// operand), as in numpy; exp overflows to inf past ~88.72 and underflows through the
+// subnormals to 0. Integer arithmetic is defined for every input: add, sub and mul wrap modulo
+// 2^32; div truncates toward zero, x / 0 gives 0 and INT_MIN / -1 gives INT_MIN; a scalar for
+// an integer tensor must be a whole number in the dtype's range (invalid_argument otherwise:
+// typecast to float32 for fractional arithmetic).
+//
 //   auto y = retrace::ops::add(x, bias);                      // numpy-style broadcasting
 //   auto h = retrace::ops::gelu(retrace::ops::linear(x, w1, b1));
 //   retrace::ops::mul(x, 0.5, /*out=*/x);                    // in place
@@ -100,8 +108,9 @@ enum class Transpose : bool { no = false, yes = true };
 [[nodiscard]] Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
                             QueueId queue = kDefaultQueue);
 // softmax(q k^T * scale + mask) v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (or rank 3
-// without B); mask (optional, additive) broadcasts to [B, H, Sq, Sk]; scale defaults to
-// 1/sqrt(D).
+// without B); mask (optional, additive) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
+// [H or 1, Sq or 1, Sk] or [B or 1, H or 1, Sq or 1, Sk] (e.g. a key-padding mask [B, 1, 1, Sk]);
+// scale defaults to 1/sqrt(D).
 [[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,
                                                   const Tensor& v, const Tensor& mask = {},
                                                   std::optional<double> scale = std::nullopt,

@@ -4,6 +4,8 @@
 
 #include "retrace/kernels.hpp"
 
+#include <type_traits>
+
 #ifdef __CUDACC__
 #define RETRACE_HOST_DEVICE __host__ __device__
 #else
@@ -12,9 +14,32 @@
 
 namespace retrace {
 
+// Integers (int32, uint32) have defined results for every input, as documented in ops.hpp:
+// add, sub and mul wrap modulo 2^32; division truncates toward zero, x / 0 is 0 and
+// INT_MIN / -1 is INT_MIN (wrapped). Floating point follows IEEE 754, and maximum/minimum
+// return NaN when either operand is NaN (numpy's maximum/minimum).
 template <BinaryOp op, class C>
 RETRACE_HOST_DEVICE inline C apply_binary(C a, C b) {
-  if constexpr (op == BinaryOp::add) {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    if constexpr (op == BinaryOp::add) {
+      return static_cast<C>(static_cast<U>(a) + static_cast<U>(b));
+    } else if constexpr (op == BinaryOp::sub) {
+      return static_cast<C>(static_cast<U>(a) - static_cast<U>(b));
+    } else if constexpr (op == BinaryOp::mul) {
+      return static_cast<C>(static_cast<U>(a) * static_cast<U>(b));
+    } else if constexpr (op == BinaryOp::div) {
+      if (b == 0) return C(0);
+      if constexpr (std::is_signed_v<C>) {
+        if (b == C(-1)) return static_cast<C>(U(0) - static_cast<U>(a));
+      }
+      return a / b;
+    } else if constexpr (op == BinaryOp::maximum) {
+      return a > b ? a : b;
+    } else {
+      return a < b ? a : b;
+    }
+  } else if constexpr (op == BinaryOp::add) {
     return a + b;
   } else if constexpr (op == BinaryOp::sub) {
     return a - b;
@@ -23,9 +48,9 @@ RETRACE_HOST_DEVICE inline C apply_binary(C a, C b) {
   } else if constexpr (op == BinaryOp::div) {
     return a / b;
   } else if constexpr (op == BinaryOp::maximum) {
-    return a > b ? a : b;
+    return (a > b || a != a) ? a : b;  // a NaN in either operand is the result
   } else {
-    return a < b ? a : b;
+    return (a < b || a != a) ? a : b;
   }
 }
 

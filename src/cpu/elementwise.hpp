@@ -31,14 +31,16 @@ struct Elem<bfloat16> {
 
 // exp for float in a form the compiler vectorises (no libm call): range reduction to
 // r in [-ln2/2, ln2/2], a degree-6 polynomial (Cephes expf), scaling by 2^n through the exponent
-// bits. Relative error ~2 ulp; inputs are clamped to [-88, 88] (exp(-inf) gives ~6e-39, NaN
-// stays NaN).
+// bits, in two steps so that results past FLT_MAX overflow to inf (exp(88.5), exp(inf)) and
+// tiny ones fall gradually into the subnormals and to 0 (exp(-104), exp(-inf)). Relative error
+// ~2 ulp in the normal range; NaN stays NaN.
 [[gnu::always_inline]] inline float vector_exp(float x) {
-  x = std::min(std::max(x, -88.0f), 88.0f);
+  const bool nan = x != x;
+  const float c = nan ? 0.0f : std::min(std::max(x, -104.0f), 89.0f);
   // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, so it vectorises).
   constexpr float kRound = 12582912.0f;
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  float r = x - n * 0.693359375f;
+  const float n = (c * 1.44269504088896341f + kRound) - kRound;
+  float r = c - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -47,8 +49,13 @@ struct Elem<bfloat16> {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const auto exponent = static_cast<std::int32_t>(n) + 127;
-  return p * std::bit_cast<float>(static_cast<std::uint32_t>(exponent) << 23);
+  // 2^n = 2^a * 2^b with a, b in [-75, 65]: both normal floats; the products are exact unless
+  // the result leaves the normal range, where it rounds once (to inf, or a subnormal).
+  const auto ni = static_cast<std::int32_t>(n);
+  const std::int32_t a = ni >> 1, b = ni - a;
+  const float result = p * std::bit_cast<float>(static_cast<std::uint32_t>(a + 127) << 23) *
+                       std::bit_cast<float>(static_cast<std::uint32_t>(b + 127) << 23);
+  return nan ? x : result;
 }
 
 // erf for float without a libm call (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7).
@@ -89,7 +96,7 @@ inline C apply_unary(C x) {
   } else if constexpr (op == UnaryOp::sigmoid) {
     return C(1) / (C(1) + vector_exp(-x));
   } else if constexpr (op == UnaryOp::relu) {
-    return x > C(0) ? x : C(0);
+    return x > C(0) || x != x ? x : C(0);  // NaN stays NaN
   } else if constexpr (op == UnaryOp::silu) {
     return x / (C(1) + vector_exp(-x));
   } else if constexpr (op == UnaryOp::gelu) {

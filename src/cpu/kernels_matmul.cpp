@@ -95,7 +95,7 @@ void attention_kernel(const std::byte* raw) {
       for (std::int64_t r = 0; r < p.sq; ++r) {
         float* row = s + r * p.sk;
         if (mask != nullptr) {
-          for (std::int64_t c = 0; c < p.sk; ++c) row[c] += float(E::load(mask, r * p.sk + c));
+          for (std::int64_t c = 0; c < p.sk; ++c) row[c] += float(E::load(mask, r * p.mask_row_stride + c));
         }
         softmax_row(row, row, p.sk);
       }

@@ -28,7 +28,11 @@ void reduce_kernel(const std::byte* raw) {
           const T* row = a + r * p.cols;
           float acc = p.op == ReduceOp::max ? -std::numeric_limits<float>::infinity() : 0.0f;
           if (p.op == ReduceOp::max) {
-            for (std::int64_t c = 0; c < p.cols; ++c) acc = std::max(acc, float(E::load(row, c)));
+            // NaN wins, wherever it is in the row (std::max would drop a NaN that comes later).
+            for (std::int64_t c = 0; c < p.cols; ++c) {
+              const float v = float(E::load(row, c));
+              acc = (v > acc || v != v) ? v : acc;
+            }
           } else {
             for (std::int64_t c = 0; c < p.cols; ++c) acc += float(E::load(row, c));
             if (p.op == ReduceOp::mean) acc /= static_cast<float>(p.cols);

@@ -84,6 +84,9 @@ inline TwoOperandSpace make_space(const std::int64_t* shape, const std::int64_t*
   return g;
 }
 
+// max that returns NaN when either operand is NaN (fmaxf drops it), as the CPU device does.
+__device__ inline float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+
 // Sum (or max) of one value per thread over the block; every thread gets the result.
 // Needs blockDim.x a multiple of 32 and at most 1024.
 template <bool kMax>
@@ -91,7 +94,7 @@ __device__ inline float block_reduce(float v) {
   __shared__ float partial[32];
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, other) : v + other;
+    v = kMax ? nan_max(v, other) : v + other;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // partial[] may still be read by a previous call
@@ -101,7 +104,7 @@ __device__ inline float block_reduce(float v) {
   v = lane < warps ? partial[lane] : (kMax ? -INFINITY : 0.0f);
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, other) : v + other;
+    v = kMax ? nan_max(v, other) : v + other;
   }
   return v;
 }

@@ -48,7 +48,8 @@ __global__ void attention_softmax_kernel(const FailureRecord* record, float* sco
                                          const T* mask, std::int64_t bh0, std::int64_t heads,
                                          std::int64_t sq, std::int64_t sk,
                                          std::int64_t mask_batch_stride,
-                                         std::int64_t mask_head_stride) {
+                                         std::int64_t mask_head_stride,
+                                         std::int64_t mask_row_stride) {
   if (aborted(record)) return;
   using E = Elem<T>;
   const std::int64_t row = blockIdx.x;  // within the chunk: (bh - bh0) * sq + r
@@ -56,7 +57,7 @@ __global__ void attention_softmax_kernel(const FailureRecord* record, float* sco
   float* s = scores + row * sk;
   const T* m = mask == nullptr ? nullptr
                                : mask + (bh / heads) * mask_batch_stride +
-                                     (bh % heads) * mask_head_stride + r * sk;
+                                     (bh % heads) * mask_head_stride + r * mask_row_stride;
   float mx = -INFINITY;
   for (std::int64_t c = threadIdx.x; c < sk; c += blockDim.x) {
     float v = s[c];
@@ -147,11 +148,13 @@ cudaError_t launch_attention_softmax(const AttentionParams& p, std::int64_t bh0,
   if (p.dtype == DType::bfloat16) {
     attention_softmax_kernel<bfloat16><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
         ctx.record, scores, static_cast<bfloat16*>(probs), static_cast<const bfloat16*>(p.mask),
-        bh0, p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride);
+        bh0, p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride,
+        p.mask_row_stride);
   } else {
     attention_softmax_kernel<float><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
         ctx.record, scores, static_cast<float*>(probs), static_cast<const float*>(p.mask), bh0,
-        p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride);
+        p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride,
+        p.mask_row_stride);
   }
   return cudaGetLastError();
 }

@@ -28,7 +28,7 @@ __device__ inline float apply_unary(float x) {
   } else if constexpr (op == UnaryOp::sigmoid) {
     return 1.0f / (1.0f + expf(-x));
   } else if constexpr (op == UnaryOp::relu) {
-    return x > 0.0f ? x : 0.0f;
+    return x > 0.0f || x != x ? x : 0.0f;  // NaN stays NaN
   } else if constexpr (op == UnaryOp::silu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (op == UnaryOp::gelu) {

@@ -16,7 +16,7 @@ __global__ void reduce_kernel(const FailureRecord* record, const T* a, T* out, s
   float acc = op == ReduceOp::max ? -INFINITY : 0.0f;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float v = static_cast<float>(E::load(row, c));
-    acc = op == ReduceOp::max ? fmaxf(acc, v) : acc + v;
+    acc = op == ReduceOp::max ? nan_max(acc, v) : acc + v;
   }
   float total = op == ReduceOp::max ? block_reduce<true>(acc) : block_reduce<false>(acc);
   if (op == ReduceOp::mean) total /= static_cast<float>(cols);

@@ -3,6 +3,7 @@
 #include "retrace/ops.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace retrace::ops {
 
@@ -35,7 +36,7 @@ Shape broadcast_shape(const Tensor& a, const Tensor& b, std::string_view op) {
     RETRACE_CHECK(da == db || da == 1 || db == 1, invalid_argument,
                   "{}: shapes {} and {} do not broadcast (axis {}: {} vs {})", op, a.shape(),
                   b.shape(), axis, da, db);
-    out[i] = std::max(da, db);
+    out[i] = da == 1 ? db : da;  // a 0 extent against a 1 broadcasts to 0
   }
   return Shape(std::span<const std::int64_t>(out));
 }
@@ -107,6 +108,14 @@ void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a, double b,
   Device& device = device_of(a, op, "a");
   check_dtype_in(a, op, "a", kArithmeticTypes);
   check_out(out, a, a.shape(), op);
+  if (a.dtype() == DType::int32 || a.dtype() == DType::uint32) {
+    const double lo = a.dtype() == DType::int32 ? -2147483648.0 : 0.0;
+    const double hi = a.dtype() == DType::int32 ? 2147483647.0 : 4294967295.0;
+    RETRACE_CHECK(std::trunc(b) == b && b >= lo && b <= hi, invalid_argument,
+                  "{}: the scalar {} is not a whole number in the range of {} ([{}, {}]); "
+                  "typecast the tensor to float32 for fractional arithmetic",
+                  op, b, a.dtype(), lo, hi);
+  }
   BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                             a.dtype(), kind, b};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};

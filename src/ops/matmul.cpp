@@ -110,7 +110,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, QueueId
   params.b = data_of(weight);
   params.bias = bias.is_null() ? nullptr : data_of(bias);
   params.out = data_of(out);
-  params.m = in == 0 ? 0 : x.numel() / in;
+  std::int64_t rows = 1;  // from the leading extents, so 0 input features still leave the rows
+  for (std::size_t d = 0; d + 1 < x.shape().rank(); ++d) rows *= x.shape().dims()[d];
+  params.m = rows;
   params.n = out_features;
   params.k = in;
   params.alpha = 1.0f;
@@ -147,15 +149,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (!mask.is_null()) {
     check_pair(q, "q", mask, "mask", op);
     const Shape& ms = mask.shape();
-    RETRACE_CHECK(ms.rank() >= 2 && ms.rank() <= 4 && ms[-2] == sq && ms[-1] == sk,
-                  invalid_argument, "{}: mask {} must end in [{}, {}] (Sq, Sk)", op, ms, sq, sk);
-    const std::int64_t mh = ms.rank() >= 3 ? ms[-3] : 1, mb = ms.rank() == 4 ? ms[0] : 1;
-    RETRACE_CHECK((mh == 1 || mh == heads) && (mb == 1 || mb == batch), invalid_argument,
-                  "{}: mask {} does not broadcast to [{}, {}, {}, {}]", op, ms, batch, heads, sq,
-                  sk);
+    // [Sk], [Sq|1, Sk], [H|1, Sq|1, Sk] or [B|1, H|1, Sq|1, Sk].
+    const std::size_t mr = ms.rank();
+    const std::int64_t m_sq = mr >= 2 ? ms[-2] : 1, mh = mr >= 3 ? ms[-3] : 1,
+                       mb = mr == 4 ? ms[0] : 1;
+    RETRACE_CHECK(mr >= 1 && mr <= 4 && ms[-1] == sk && (m_sq == 1 || m_sq == sq) &&
+                      (mh == 1 || mh == heads) && (mb == 1 || mb == batch),
+                  invalid_argument, "{}: mask {} does not broadcast to [{}, {}, {}, {}] (B, H, Sq, Sk)",
+                  op, ms, batch, heads, sq, sk);
     params.mask = data_of(mask);
-    params.mask_head_stride = mh == 1 ? 0 : sq * sk;
-    params.mask_batch_stride = mb == 1 ? 0 : mh * sq * sk;
+    params.mask_row_stride = m_sq == 1 ? 0 : sk;
+    params.mask_head_stride = mh == 1 ? 0 : m_sq * sk;
+    params.mask_batch_stride = mb == 1 ? 0 : mh * m_sq * sk;
   }
   std::vector<std::int64_t> shape(q.shape().dims().begin(), q.shape().dims().end());
   shape.back() = dv;

@@ -24,7 +24,9 @@ Rows rows_of(const Tensor& a, std::string_view op) {
                 op, a.layout());
   RETRACE_CHECK(a.shape().rank() >= 1, invalid_argument, "{}: a is a scalar (rank 0)", op);
   const std::int64_t cols = a.shape()[-1];
-  return {cols == 0 ? 0 : a.numel() / cols, cols};
+  std::int64_t rows = 1;  // from the leading extents: an empty last dimension keeps its rows
+  for (std::size_t d = 0; d + 1 < a.shape().rank(); ++d) rows *= a.shape().dims()[d];
+  return {rows, cols};
 }
 
 void check_vector(const Tensor& v, const Tensor& a, std::int64_t cols, std::string_view op,

@@ -3,6 +3,8 @@
 #include "ops/checks.hpp"
 #include "retrace/ops.hpp"
 
+#include <cstdint>
+
 #include <algorithm>
 #include <numeric>
 
@@ -55,6 +57,11 @@ Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
       RETRACE_CHECK(inferred < 0, invalid_argument, "reshape: only one extent may be -1");
       inferred = static_cast<int>(i);
     } else {
+      RETRACE_CHECK(dims[i] >= 0, invalid_argument,
+                    "reshape: extent {} of the new shape is {}; extents are >= 0 (or one -1)", i,
+                    dims[i]);
+      RETRACE_CHECK(dims[i] == 0 || known <= INT64_MAX / dims[i], invalid_argument,
+                    "reshape: the new shape's element count overflows 64 bits");
       known *= dims[i];
     }
   }
@@ -64,7 +71,12 @@ Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
                   a.numel(), known);
     dims[static_cast<std::size_t>(inferred)] = a.numel() / known;
   }
-  return a.with_shape(make_shape(dims));
+  const Shape target = make_shape(dims);
+  RETRACE_CHECK(target.numel() == a.numel(), invalid_argument,
+                "reshape: shape {} ({} elements) does not match the tensor's shape {} ({} "
+                "elements)",
+                target, target.numel(), a.shape(), a.numel());
+  return a.with_shape(target);
 }
 
 Tensor reshape(const Tensor& a, std::initializer_list<std::int64_t> shape) {

@@ -1,0 +1,170 @@
+// The op library at the edges of its range: empty and size-1 dimensions, overflow to infinity,
+// NaN propagation, integer corner cases, and errors that name the op the user called.
+#include "support.hpp"
+
+#include <bit>
+#include <climits>
+#include <cmath>
+#include <limits>
+
+namespace retrace {
+namespace {
+
+using testing::device_tensor;
+
+class OpEdgesTest : public testing::DeviceTest {
+ protected:
+  Tensor floats(const std::vector<float>& values, const Shape& shape) {
+    return device_tensor(device(), values, shape);
+  }
+  Tensor empty_of(const Shape& shape, DType dtype = DType::float32) {
+    return ops::full(shape, 0.0, device(), dtype);
+  }
+};
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+TEST_F(OpEdgesTest, ZeroExtentBroadcastsAgainstOneToZero) {
+  const Tensor a = empty_of({0, 3});
+  const Tensor b = floats({1, 2, 3}, {1, 3});
+  for (const Tensor& r : {ops::add(a, b), ops::add(b, a), ops::mul(a, b), ops::maximum(b, a)}) {
+    EXPECT_EQ(r.shape(), Shape({0, 3}));
+    EXPECT_TRUE(r.to_vector<float>().empty());
+  }
+  const Tensor out = empty_of({0, 3});
+  ops::sub(a, b, out);
+  ops::sub(b, a, out);
+  EXPECT_EQ(ops::add(empty_of({2, 0, 1}), empty_of({1, 4})).shape(), Shape({2, 0, 4}));
+  // A 0 against another extent (not 1) still does not broadcast.
+  EXPECT_RETRACE_ERROR((void)ops::add(empty_of({0, 3}), empty_of({2, 3})), invalid_argument,
+                       "add: shapes [0, 3] and [2, 3] do not broadcast");
+}
+
+TEST_F(OpEdgesTest, LinearWithNoInputFeaturesGivesTheBias) {
+  const Tensor x = empty_of({3, 0});
+  const Tensor w = empty_of({4, 0});
+  const Tensor bias = floats({1, 2, 3, 4}, {4});
+  const std::vector<float> with_bias = ops::linear(x, w, bias).to_vector<float>();
+  ASSERT_EQ(with_bias.size(), 12u);
+  for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(with_bias[i], static_cast<float>(i % 4 + 1));
+  // Poison the memory the next output is likely to get, then check it is zeroed.
+  { const Tensor junk = ops::full({3, 4}, 7.0, device()); }
+  for (float v : ops::linear(x, w).to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  for (float v : ops::matmul(empty_of({2, 0}), empty_of({0, 5})).to_vector<float>()) {
+    EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST_F(OpEdgesTest, ReductionsOverAnEmptyLastDimension) {
+  { const Tensor junk = ops::full({4}, 7.0, device()); }
+  const Tensor a = empty_of({4, 0});
+  for (float v : ops::sum(a).to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  for (float v : ops::mean(a).to_vector<float>()) EXPECT_TRUE(std::isnan(v));
+  for (float v : ops::max(a).to_vector<float>()) EXPECT_EQ(v, -kInf);
+  EXPECT_EQ(ops::sum(a, ops::KeepDim::yes).shape(), Shape({4, 1}));
+  // No rows at all: empty results.
+  EXPECT_TRUE(ops::sum(empty_of({0, 5})).to_vector<float>().empty());
+  EXPECT_TRUE(ops::softmax(empty_of({0, 5})).to_vector<float>().empty());
+  EXPECT_EQ(ops::softmax(empty_of({3, 0})).shape(), Shape({3, 0}));
+}
+
+TEST_F(OpEdgesTest, ExpOverflowsToInfinity) {
+  const std::vector<float> in = {88.5f, 89.0f, 100.0f, kInf, -kInf, -104.0f, kNaN, 88.0f, 0.0f};
+  const std::vector<float> got = ops::exp(floats(in, {9})).to_vector<float>();
+  EXPECT_NEAR(got[0], 2.7231e38f, 2.7231e38f * 1e-4f);  // exp(88.5): finite, near FLT_MAX
+  EXPECT_EQ(got[1], kInf);
+  EXPECT_EQ(got[2], kInf);
+  EXPECT_EQ(got[3], kInf);
+  EXPECT_EQ(got[4], 0.0f);
+  EXPECT_GE(got[5], 0.0f);
+  EXPECT_LT(got[5], 1e-44f);
+  EXPECT_TRUE(std::isnan(got[6]));
+  EXPECT_NEAR(got[7], std::exp(88.0f), std::exp(88.0f) * 1e-6f);
+  EXPECT_EQ(got[8], 1.0f);
+}
+
+TEST_F(OpEdgesTest, NaNPropagatesThroughReluMaxMaximumMinimum) {
+  const Tensor nan_first = floats({kNaN, 1.0f, -1.0f}, {3});
+  const Tensor plain = floats({0.5f, kNaN, 2.0f}, {3});
+  const std::vector<float> relu = ops::relu(nan_first).to_vector<float>();
+  EXPECT_TRUE(std::isnan(relu[0]));
+  for (const Tensor& r : {ops::maximum(nan_first, plain), ops::maximum(plain, nan_first),
+                          ops::minimum(nan_first, plain), ops::minimum(plain, nan_first)}) {
+    const std::vector<float> v = r.to_vector<float>();
+    EXPECT_TRUE(std::isnan(v[0])) << v[0];
+    EXPECT_TRUE(std::isnan(v[1])) << v[1];
+    EXPECT_FALSE(std::isnan(v[2]));
+  }
+  EXPECT_TRUE(std::isnan(ops::maximum(nan_first, 3.0).to_vector<float>()[0]));
+  EXPECT_TRUE(std::isnan(ops::minimum(nan_first, 3.0).to_vector<float>()[0]));
+  for (const Tensor& row : {floats({kNaN, 1.0f, 2.0f}, {1, 3}), floats({1.0f, 2.0f, kNaN}, {1, 3})}) {
+    EXPECT_TRUE(std::isnan(ops::max(row).to_vector<float>()[0]));
+  }
+}
+
+TEST_F(OpEdgesTest, AttentionMasksBroadcastAsDocumented) {
+  const std::int64_t b = 2, h = 3, sq = 4, sk = 5, d = 8;
+  const Tensor q = device_tensor(device(), testing::random_floats(b * h * sq * d, 1), {b, h, sq, d});
+  const Tensor k = device_tensor(device(), testing::random_floats(b * h * sk * d, 2), {b, h, sk, d});
+  const Tensor v = device_tensor(device(), testing::random_floats(b * h * sk * d, 3), {b, h, sk, d});
+  const std::vector<float> row = {0.0f, -1.0f, 0.5f, -1e9f, 0.25f};
+  std::vector<float> full_mask;
+  for (std::int64_t i = 0; i < b * h * sq; ++i) full_mask.insert(full_mask.end(), row.begin(), row.end());
+  const std::vector<float> want =
+      ops::scaled_dot_product_attention(q, k, v, floats(full_mask, {b, h, sq, sk})).to_vector<float>();
+  auto repeat = [&](std::int64_t n) {
+    std::vector<float> out;
+    for (std::int64_t i = 0; i < n; ++i) out.insert(out.end(), row.begin(), row.end());
+    return out;
+  };
+  for (const Shape& shape : {Shape{b, 1, 1, sk}, Shape{b, h, 1, sk}, Shape{1, sk}, Shape{sk},
+                             Shape{1, 1, sq, sk}, Shape{sq, sk}}) {
+    SCOPED_TRACE(fmt::format("mask {}", shape));
+    const Tensor mask = floats(repeat(shape.numel() / sk), shape);
+    EXPECT_EQ(ops::scaled_dot_product_attention(q, k, v, mask).to_vector<float>(), want);
+  }
+}
+
+TEST_F(OpEdgesTest, IntegerArithmeticHasDefinedResults) {
+  auto ints = [&](const std::vector<float>& v) {
+    return device_tensor(device(), v, {static_cast<std::int64_t>(v.size())}, DType::int32);
+  };
+  const float int_min = -2147483648.0f;
+  const Tensor a = ints({7, -7, int_min, int_min, 5, 0});
+  const Tensor b = ints({2, 2, -1, 1, 0, 0});
+  // Truncation toward zero, x / 0 = 0, INT_MIN / -1 = INT_MIN: no SIGFPE, clean under UBSan.
+  EXPECT_EQ(ops::div(a, b).to_vector<float>(),
+            (std::vector<float>{3, -3, int_min, int_min, 0, 0}));
+  EXPECT_EQ(ops::div(a, 0.0).to_vector<float>(), (std::vector<float>{0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(ops::div(a, -1.0).to_vector<float>(),
+            (std::vector<float>{-7, 7, int_min, int_min, -5, 0}));
+  // Overflow wraps modulo 2^32.
+  const Tensor big = ints({2147483520.0f, -2147483520.0f});
+  EXPECT_EQ(ops::add(big, big).to_vector<float>(), (std::vector<float>{-256, 256}));
+  EXPECT_EQ(ops::sub(ints({int_min}), 1.0).to_vector<float>(), (std::vector<float>{2147483647.0f}));
+  EXPECT_EQ(ops::mul(ints({65536}), ints({65536})).to_vector<float>(), (std::vector<float>{0}));
+  // A fractional or out-of-range scalar is an error, not a silent truncation.
+  EXPECT_RETRACE_ERROR((void)ops::div(a, 0.5), invalid_argument,
+                       "div: the scalar 0.5 is not a whole number in the range of int32");
+  EXPECT_RETRACE_ERROR((void)ops::add(a, 1e10), invalid_argument, "add: the scalar");
+  EXPECT_RETRACE_ERROR((void)ops::mul(a, std::nan("")), invalid_argument, "mul: the scalar");
+  const Tensor u = device_tensor(device(), {0, 1}, {2}, DType::uint32);
+  EXPECT_EQ(ops::sub(u, 1.0).to_vector<float>(), (std::vector<float>{4294967295.0f, 0}));
+  EXPECT_RETRACE_ERROR((void)ops::add(u, -1.0), invalid_argument, "range of uint32");
+}
+
+TEST_F(OpEdgesTest, ErrorsNameTheOpTheUserCalled) {
+  const Tensor a = floats({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_RETRACE_ERROR((void)ops::reshape(a, {4, 2}), invalid_argument, "reshape");
+  EXPECT_RETRACE_ERROR((void)ops::permute(a, {0, 0}), invalid_argument, "permute");
+  EXPECT_RETRACE_ERROR((void)ops::transpose(a, 0, 5), invalid_argument, "transpose");
+  EXPECT_RETRACE_ERROR((void)ops::reshape(a, {-2, -3}), invalid_argument, "reshape: extent 0");
+  EXPECT_RETRACE_ERROR((void)ops::slice(a, 4, 0, 1), invalid_argument, "slice");
+  EXPECT_RETRACE_ERROR((void)ops::linear(a, floats({1, 2, 3, 4}, {2, 2})), invalid_argument,
+                       "linear");
+  EXPECT_RETRACE_ERROR((void)ops::matmul(a, a), invalid_argument, "matmul");
+}
+
+}  // namespace
+}  // namespace retrace
