@@ -166,5 +166,34 @@ TEST_F(OpEdgesTest, ErrorsNameTheOpTheUserCalled) {
   EXPECT_RETRACE_ERROR((void)ops::matmul(a, a), invalid_argument, "matmul");
 }
 
+TEST_F(OpEdgesTest, EveryOpTakesEveryRankAShapeAllows) {
+  // Rank 8 broadcasting that cannot be merged into fewer dimensions.
+  const Shape sa{2, 1, 2, 1, 2, 1, 2, 1}, sb{1, 2, 1, 2, 1, 2, 1, 2};
+  const Tensor a = device_tensor(device(), testing::random_floats(16, 4), sa);
+  const Tensor b = device_tensor(device(), testing::random_floats(16, 5), sb);
+  const Tensor sum = ops::add(a, b);
+  EXPECT_EQ(sum.shape(), Shape({2, 2, 2, 2, 2, 2, 2, 2}));
+  const std::vector<float> ha = a.to_vector<float>(), hb = b.to_vector<float>();
+  const std::vector<float> got = sum.to_vector<float>();
+  for (std::int64_t i = 0; i < 256; ++i) {
+    std::int64_t ia = 0, ib = 0;
+    for (int d = 0; d < 8; ++d) {
+      const std::int64_t bit = (i >> (7 - d)) & 1;
+      if (d % 2 == 0) ia = ia * 2 + bit;
+      else ib = ib * 2 + bit;
+    }
+    EXPECT_EQ(got[static_cast<std::size_t>(i)], ha[static_cast<std::size_t>(ia)] + hb[static_cast<std::size_t>(ib)]);
+  }
+  // Rank-8 permute and a matmul with six batch dimensions.
+  const Tensor p = ops::permute(sum, {7, 6, 5, 4, 3, 2, 1, 0});
+  EXPECT_EQ(p.to_vector<float>().size(), 256u);
+  const Tensor m = ops::matmul(ops::full({2, 1, 2, 1, 2, 1, 3, 4}, 1.0, device()),
+                               ops::full({1, 2, 1, 2, 1, 2, 4, 5}, 0.5, device()));
+  EXPECT_EQ(m.shape(), Shape({2, 2, 2, 2, 2, 2, 3, 5}));
+  for (float v : m.to_vector<float>()) EXPECT_EQ(v, 2.0f);
+  // One limit, stated: a ninth dimension is refused by Shape itself.
+  EXPECT_RETRACE_ERROR((void)Shape({1, 1, 1, 1, 1, 1, 1, 1, 1}), invalid_argument, "8");
+}
+
 }  // namespace
 }  // namespace retrace

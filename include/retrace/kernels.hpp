@@ -60,9 +60,10 @@ inline constexpr std::size_t kKernelCount = static_cast<std::size_t>(KernelId::c
 }
 
 inline constexpr std::size_t kMaxKernelParamsBytes = 240;
-// Iteration spaces handed to kernels are collapsed to at most this many dimensions.
-inline constexpr int kMaxKernelRank = 6;
-inline constexpr int kMaxBatchRank = 4;
+// Iteration spaces handed to kernels are collapsed, and never need more dimensions than a
+// Shape has: every op takes tensors of any rank Shape allows (one limit, Shape::kMaxRank).
+inline constexpr int kMaxKernelRank = 8;  // == Shape::kMaxRank (checked in src/ops/checks.cpp)
+inline constexpr int kMaxBatchRank = kMaxKernelRank - 2;  // matmul: [batch..., M, N]
 
 enum class BinaryOp : std::uint8_t { add, sub, mul, div, maximum, minimum };
 enum class UnaryOp : std::uint8_t {

@@ -80,6 +80,9 @@ IterationSpace collapse(const std::vector<std::int64_t>& shape,
   return space;
 }
 
+static_assert(kMaxKernelRank == static_cast<int>(Shape::kMaxRank),
+              "kernels must take every rank a Shape can have");
+
 void fill_space(const IterationSpace& space, std::int64_t* shape,
                 std::initializer_list<std::int64_t*> strides, std::int32_t& rank,
                 std::string_view op) {
