@@ -61,8 +61,8 @@ std::vector<OpCase> op_cases() {
   };
 }
 
-// Runs one case on a device; host inputs are the same on every device.
-std::vector<float> run_case(const OpCase& c, Device& device, DType dtype, std::uint64_t salt) {
+// A case's inputs on a device: the same host values on every device.
+std::vector<Tensor> case_inputs(const OpCase& c, Device& device, DType dtype, std::uint64_t salt) {
   std::vector<Tensor> inputs;
   for (std::size_t i = 0; i < c.inputs.size(); ++i) {
     const auto n = static_cast<std::size_t>(c.inputs[i].numel());
@@ -70,7 +70,12 @@ std::vector<float> run_case(const OpCase& c, Device& device, DType dtype, std::u
                                                 c.inputs[i], dtype)
                          .to_device(device));
   }
-  return c.run(inputs).to_vector<float>();
+  return inputs;
+}
+
+// Runs one case on a device.
+std::vector<float> run_case(const OpCase& c, Device& device, DType dtype, std::uint64_t salt) {
+  return c.run(case_inputs(c, device, dtype, salt)).to_vector<float>();
 }
 
 class BackendOpsTest : public ::testing::TestWithParam<std::string> {};
@@ -156,13 +161,7 @@ TEST_P(CpuVariantOpsTest, AgreesWithTheBaselineAndReplaysBitForBit) {
             << "element " << i << ": " << got[i] << " vs " << want[i];
       }
       // Traced == eager within the variant.
-      std::vector<Tensor> inputs;
-      for (std::size_t i = 0; i < c.inputs.size(); ++i) {
-        const auto n = static_cast<std::size_t>(c.inputs[i].numel());
-        inputs.push_back(Tensor::from_vector<float>(random_floats(n, salt + i, -2.0f, 2.0f),
-                                                    c.inputs[i], dtype)
-                             .to_device(*device));
-      }
+      const std::vector<Tensor> inputs = case_inputs(c, *device, dtype, salt);
       auto tracer = make_tracer([&c](const std::vector<Tensor>& x) { return c.run(x); }, *device);
       (void)tracer(inputs);                                     // capture
       const std::vector<float> replayed = tracer(inputs).to_vector<float>();  // replay

@@ -14,6 +14,7 @@
 #include <retrace/retrace.hpp>
 #include "torch_dit.hpp"
 
+#include "cpu/isa.hpp"
 #include "cpu/parallel.hpp"
 #include "util/timing.hpp"
 
@@ -242,21 +243,16 @@ std::vector<std::string> expand_isas(const std::vector<std::string>& isas) {
     return out;
   }
   std::vector<std::string> out;
-  const std::vector<CpuKernelIsa> built = cpu_kernel_isas();
   for (const std::string& name : isas) {
-    const std::string canonical = name == "baseline"    ? built.front().name
-                                  : name == "x86-64-v3" ? std::string("avx2")
-                                  : name == "x86-64-v4" ? std::string("avx512")
-                                                        : name;
-    const auto it = std::find_if(built.begin(), built.end(),
-                                 [&](const CpuKernelIsa& isa) { return isa.name == canonical; });
-    RETRACE_CHECK(it != built.end(), invalid_argument,
+    const cpu::VariantInfo* variant = cpu::find_variant(name);  // aliases included
+    RETRACE_CHECK(variant != nullptr, invalid_argument,
                   "bench: --isa: unknown kernel variant '{}' (this build has: {}, or all)", name,
                   describe_isas());
-    RETRACE_CHECK(it->unusable.empty(), unimplemented,
-                  "bench: --isa {}: this CPU cannot run the {} kernels: it {}", name, it->name,
-                  it->unusable);
-    out.push_back(it->name);
+    const std::string unusable = cpu::unsupported_reason(variant->name, cpu::this_cpu());
+    RETRACE_CHECK(unusable.empty(), unimplemented,
+                  "bench: --isa {}: this CPU cannot run the {} kernels: it {}", name,
+                  variant->name, unusable);
+    out.emplace_back(variant->name);
   }
   return out;
 }
