@@ -12,7 +12,7 @@
 //      same graph:  cudaGraphLaunch of the very graph behind the Tracer's trace (the floor for
 //                   our wrapper: any difference to "traced" is retrace's own per-call cost).
 //    Also the submit cost (calls return before the GPU is done; 100 calls, then one sync).
-//  - dit: one Euler step of the example DiT at sizes S and M: eager, traced, same graph.
+//  - dit: one sampler step of the DiT at sizes S and M: eager, traced, same graph.
 // Exits 3 (and prints why) when no GPU can be used.
 #include "util/timing.hpp"
 
@@ -194,30 +194,38 @@ int main(int argc, char** argv) {
   for (const models::NamedDiTConfig& size : sizes) {
     models::DiT model(size.config, *device);
     const auto& c = model.config();
-    Tensor latents = ops::full({1, c.tokens, c.hidden}, 0.5, *device);
-    Tensor features =
-        Tensor::from_vector<float>(model.timestep_features(0.5f), {1, c.hidden}, c.dtype)
-            .to_device(*device);
-    auto step = make_tracer(
-        [&model](const Tensor& in, const Tensor& t) { return model.euler_step(in, t, -0.05f); },
-        *device, TraceOptions{.name = "dit"});
-    (void)step(latents, features);
-    const auto& [x_slot, t_slot] = step.inputs();
+    // One sampler step: batch 1, class 0, no guidance.
+    Tensor latents = ops::full({1, c.in_channels, c.input_size, c.input_size}, 0.5, *device);
+    const float t = 500.0f;
+    const std::int64_t label = 0;
+    auto upload = [&](const std::vector<float>& v, const Shape& shape) {
+      return Tensor::from_vector<float>(v, shape, c.dtype).to_device(*device);
+    };
+    Tensor features = upload(model.timestep_frequencies({&t, 1}), {1, c.frequency_size});
+    Tensor labels = upload(model.label_rows({&label, 1}), {1, c.num_classes + 1});
+    Tensor ab = upload({0.9f, 0.1f}, {2});
+    auto dit_step = [&model](const Tensor& in, const Tensor& tf, const Tensor& y,
+                             const Tensor& coefficients) {
+      return model.sample_step(in, tf, y, coefficients, 1.0);
+    };
+    auto step = make_tracer(dit_step, *device, TraceOptions{.name = "dit"});
+    (void)step(latents, features, labels, ab);
+    const auto& [x_slot, t_slot, y_slot, ab_slot] = step.inputs();
     cudaGraphExec_t exec = cuda_graph_exec(*device, step.trace_ids().front());
     const std::size_t commands = device->trace_info(step.trace_ids().front()).commands;
     const std::vector<double> us =
         interleaved({[&] {
-                       (void)model.euler_step(latents, features, -0.05f);
+                       (void)dit_step(latents, features, labels, ab);
                        device->synchronize(kDefaultQueue);
                      },
-                     [&] { (void)step(x_slot, t_slot); },
+                     [&] { (void)step(x_slot, t_slot, y_slot, ab_slot); },
                      [&] {
                        cuda_check(cudaGraphLaunch(exec, stream), "launch");
                        cuda_check(cudaStreamSynchronize(stream), "sync");
                      }},
                     rounds, 20);
     std::printf("dit %s (%lld tokens, hidden %lld, depth %lld; %zu commands), us per step:\n",
-                size.name.c_str(), static_cast<long long>(c.tokens),
+                size.name.c_str(), static_cast<long long>(c.tokens()),
                 static_cast<long long>(c.hidden), static_cast<long long>(c.depth), commands);
     std::printf(
         "  eager %9.1f | traced %9.1f | same graph %9.1f | eager/traced %.2fx, "

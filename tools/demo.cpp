@@ -1,8 +1,12 @@
-// retrace demo: the denoising loop of the example DiT on the chosen device, eager and traced,
-// at two resolutions (a trace key each), with a StateTensor for the timestep and the tracer's
-// input slot for the latents, as the ttnn pipelines do. Exits 1 if traced and eager final
-// latents differ in any bit.
+// retrace demo: class-conditional sampling with the DiT (random weights, or a checkpoint in the
+// reference layout) on the chosen device: DDIM steps with classifier-free guidance, eager and
+// traced, at each resolution the model allows (a trace key each), with StateTensors for the
+// timestep and the step's coefficients and the tracer's input slot for the latents, as the ttnn
+// pipelines do. Writes the final latents as a PNG preview when asked (or given --weights). Exits
+// 1 if traced and eager final latents differ in any bit.
 #include "model_options.hpp"
+
+#include <retrace/models/preview.hpp>
 #include "util/timing.hpp"
 
 #include <unistd.h>
@@ -45,16 +49,16 @@ class Progress {
   bool tty_;
 };
 
-std::vector<float> initial_latents(std::int64_t tokens, std::int64_t hidden, std::uint64_t seed) {
-  std::mt19937_64 rng(seed * 7919 + static_cast<std::uint64_t>(tokens));
+std::vector<float> initial_latents(std::size_t count, std::uint64_t seed, std::int64_t size) {
+  std::mt19937_64 rng(seed * 7919 + static_cast<std::uint64_t>(size));
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(tokens * hidden));
+  std::vector<float> v(count);
   for (float& x : v) x = dist(rng);
   return v;
 }
 
 struct Result {
-  std::int64_t tokens;
+  std::int64_t size;
   double eager_ms, traced_ms, capture_ms;
   std::size_t commands, trace_bytes;
   bool identical;
@@ -62,52 +66,85 @@ struct Result {
 
 }  // namespace
 
-int run_demo(ModelOptions& o) {
+int run_demo(ModelOptions& o, const DemoOptions& d) {
   auto device = open_device(o);
+  // The activations live on the device several times over (eager, the trace's buffers): refuse
+  // sizes that cannot fit before spending minutes making random weights and data.
+  const std::int64_t batch = d.cfg_scale != 1.0 ? 2 : 1;
+  auto check_fits = [&](const models::DiTConfig& config) {
+    const std::size_t activation_bytes = storage_bytes(
+        Shape{batch, config.tokens(), config.mlp_width()}, config.dtype, Layout::row_major);
+    const std::size_t capacity = device->stats().capacity_bytes;
+    RETRACE_CHECK(activation_bytes <= capacity / 4, out_of_memory,
+                  "demo: the activations ({} tokens x {}, {}, batch {}) need {} and the demo "
+                  "about 4x that, but {} has {} of memory; lower --input-size or --hidden",
+                  config.tokens(), config.mlp_width(), o.dtype, batch,
+                  human_bytes(activation_bytes), device->name(), human_bytes(capacity));
+  };
+  if (o.weights.empty()) check_fits(o.config);
   auto model = make_model(o, *device);
   const models::DiTConfig& c = model->config();
+  check_fits(c);
+  const std::int64_t label = d.label >= 0 ? d.label : (c.num_classes > 207 ? 207 : 0);
+  RETRACE_CHECK(label < c.num_classes, invalid_argument,
+                "demo: --class {}: the model has {} classes (0 to {})", label, c.num_classes,
+                c.num_classes - 1);
+  const bool guided = d.cfg_scale != 1.0;
+  const std::string preview =
+      d.preview.empty() && !o.weights.empty() ? std::string("dit_sample.png") : d.preview;
   auto step = traced_method(
-      &models::DiT::euler_step, [](models::DiT& m) -> Device& { return m.device(); },
-      TraceOptions{.name = "DiT euler_step"});
-  const std::vector<float> timesteps = models::euler_timesteps(o.steps);
-  const float dt = -1.0f / static_cast<float>(o.steps);
-  // The latents live on the device several times over (eager, the input slot, the trace's
-  // activations): refuse sizes that cannot fit before spending minutes making random data.
-  const std::size_t latent_bytes = storage_bytes(Shape{1, c.tokens, c.hidden}, c.dtype,
-                                                 Layout::row_major);
-  const std::size_t capacity = device->stats().capacity_bytes;
-  RETRACE_CHECK(latent_bytes <= capacity / 4, out_of_memory,
-                "demo: the latents ({} tokens x {}, {}) need {} and the demo about 4x that, but "
-                "{} has {} of memory; lower --tokens or --hidden",
-                c.tokens, c.hidden, o.dtype, human_bytes(latent_bytes), device->name(),
-                human_bytes(capacity));
+      &models::DiT::sample_step, [](models::DiT& m) -> Device& { return m.device(); },
+      TraceOptions{.name = "DiT sample_step"});
+  const models::DdimSchedule schedule(o.steps);
   std::printf(
-      "retrace demo: DiT (hidden %lld, depth %lld, heads %lld, %s, %s weights) on %s, "
-      "%lld Euler steps\n",
+      "retrace demo: DiT (%lldx%lldx%lld latents, patch %lld, hidden %lld, depth %lld, heads "
+      "%lld, %lld classes, %s, %s weights) on %s\n"
+      "  %lld DDIM steps, class %lld, %s\n",
+      static_cast<long long>(c.in_channels), static_cast<long long>(c.input_size),
+      static_cast<long long>(c.input_size), static_cast<long long>(c.patch_size),
       static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
-      static_cast<long long>(c.heads), o.dtype.c_str(),
+      static_cast<long long>(c.heads), static_cast<long long>(c.num_classes), o.dtype.c_str(),
       o.weights.empty() ? "random" : o.weights.c_str(), device->name().c_str(),
-      static_cast<long long>(o.steps));
+      static_cast<long long>(o.steps), static_cast<long long>(label),
+      guided ? fmt::format("classifier-free guidance scale {:g} (batch of 2)", d.cfg_scale).c_str()
+             : "no guidance");
 
-  std::vector<std::int64_t> resolutions{c.tokens};
-  if (c.tokens >= 2) resolutions.push_back(c.tokens / 2);
+  // The configured size, and half of it when the position embedding is the computed one.
+  std::vector<std::int64_t> sizes{c.input_size};
+  const std::int64_t half = c.input_size / 2;
+  if (!model->fixed_resolution() && half >= c.patch_size && half % c.patch_size == 0) {
+    sizes.push_back(half);
+  }
+  std::vector<std::int64_t> label_list{label};
+  if (guided) label_list.push_back(c.num_classes);  // the null class
+  auto upload = [&](const std::vector<float>& values, const Shape& shape) {
+    return Tensor::from_vector<float>(values, shape, c.dtype).to_device(*device);
+  };
+  const Tensor labels =
+      upload(model->label_rows(label_list), {batch, c.num_classes + 1});
+  auto frequencies = [&](std::size_t i) {
+    return model->timestep_frequencies({&schedule.timesteps[i], 1});
+  };
+  const Shape freq_shape{1, c.frequency_size};
   std::vector<Result> results;
-  for (std::int64_t tokens : resolutions) {
-    const std::string key = fmt::format("{} tokens", tokens);
-    std::printf("%s (trace key \"%s\"):\n", key.c_str(), key.c_str());
-    const std::vector<float> start = initial_latents(tokens, c.hidden, c.seed);
-    const Shape shape{1, tokens, c.hidden};
+  for (std::int64_t size : sizes) {
+    const std::string key = fmt::format("{}x{}", size, size);
+    std::printf("%s latents, %lld tokens (trace key \"%s\"):\n", key.c_str(),
+                static_cast<long long>((size / c.patch_size) * (size / c.patch_size)), key.c_str());
+    model->prepare_resolution(size, size);
+    const Shape shape{1, c.in_channels, size, size};
+    const std::vector<float> start =
+        initial_latents(static_cast<std::size_t>(shape.numel()), c.seed, size);
 
     // Eager: every op dispatched, one step after the other.
     Progress eager_bar("eager", o.steps);
     std::vector<double> eager_ms;
-    Tensor x = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
+    Tensor x = upload(start, shape);
     for (std::int64_t i = 0; i < o.steps; ++i) {
       const auto t0 = Clock::now();
-      const Tensor features =
-          Tensor::from_vector<float>(model->timestep_features(timesteps[i]), {1, c.hidden}, c.dtype)
-              .to_device(*device);
-      x = model->euler_step(x, features, dt);
+      const auto n = static_cast<std::size_t>(i);
+      x = model->sample_step(x, upload(frequencies(n), freq_shape),
+                             labels, upload(schedule.coefficients(n), {2}), d.cfg_scale);
       device->synchronize();
       eager_ms.push_back(timing::milliseconds_since(t0));
       eager_bar.tick(i + 1);
@@ -115,28 +152,30 @@ int run_demo(ModelOptions& o) {
     const std::vector<float> eager_final = x.to_vector<float>();
     eager_bar.finish(fmt::format("median {:.2f} ms/step", median(eager_ms)));
 
-    // Traced: the first step captures, the others replay. The timestep lives in a StateTensor
-    // (same buffer every step); the latents go back into the trace's input slot.
+    // Traced: the first step captures, the others replay. The timestep and the step's
+    // coefficients live in StateTensors (same buffers every step); the latents go back into the
+    // trace's input slot.
     Progress traced_bar("traced", o.steps);
     std::vector<double> traced_ms;
     double capture_ms = 0.0;
-    StateTensor timestep;
-    const Tensor x0 = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
+    StateTensor timestep, coefficients;
+    const Tensor x0 = upload(start, shape);
     for (std::int64_t i = 0; i < o.steps; ++i) {
       const auto t0 = Clock::now();
-      timestep.update(model->timestep_features(timesteps[i]), {1, c.hidden}, Traced::yes, *device,
-                      c.dtype);
+      const auto n = static_cast<std::size_t>(i);
+      timestep.update(frequencies(n), freq_shape, Traced::yes, *device, c.dtype);
+      coefficients.update(schedule.coefficients(n), {2}, Traced::yes, *device, c.dtype);
       const bool first = !step.tracer(*model, key);
       const Tensor& latents = first ? x0 : std::get<0>(step.inputs(*model, key));
-      const Tensor& next =
-          step.call(CallOptions{.key = key}, *model, latents, timestep.data(), dt);
+      const Tensor& next = step.call(CallOptions{.key = key}, *model, latents, timestep.data(),
+                                     labels, coefficients.data(), d.cfg_scale);
       ops::copy(next, std::get<0>(step.inputs(*model, key)));
       device->synchronize();
       (first ? capture_ms : traced_ms.emplace_back()) = timing::milliseconds_since(t0);
       traced_bar.tick(i + 1);
     }
-    const std::vector<float> traced_final =
-        std::get<0>(step.inputs(*model, key)).to_vector<float>();
+    const Tensor& traced_x = std::get<0>(step.inputs(*model, key));
+    const std::vector<float> traced_final = traced_x.to_vector<float>();
     const TraceId trace = step.tracer(*model, key)->trace_ids().front();
     const TraceInfo info = device->trace_info(trace);
     const double traced_median = traced_ms.empty() ? capture_ms : median(traced_ms);
@@ -152,15 +191,22 @@ int run_demo(ModelOptions& o) {
                 human_bytes(info.bytes).c_str(), info.external_buffers);
     std::printf("  final latents (%zu values): traced %s eager %s\n", traced_final.size(),
                 identical ? "==" : "!=", identical ? "bit for bit" : "-- MISMATCH");
-    results.push_back({tokens, median(eager_ms), traced_median, capture_ms, info.commands,
+    if (!preview.empty() && size == c.input_size) {
+      const models::RgbImage image = models::latent_preview(traced_x, 8);
+      models::write_png(preview, image);
+      std::printf("  wrote %s (%lldx%lld preview of the latents, no VAE)\n", preview.c_str(),
+                  static_cast<long long>(image.width), static_cast<long long>(image.height));
+    }
+    results.push_back({size, median(eager_ms), traced_median, capture_ms, info.commands,
                        info.bytes, identical});
   }
 
   std::printf("summary:\n");
   bool all_identical = true;
   for (const Result& r : results) {
-    std::printf("  %5lld tokens: eager %8.2f ms/step, traced %8.2f ms/step, speedup %.2fx, %s\n",
-                static_cast<long long>(r.tokens), r.eager_ms, r.traced_ms, r.eager_ms / r.traced_ms,
+    const std::string key = fmt::format("{}x{}", r.size, r.size);
+    std::printf("  %7s latents: eager %8.2f ms/step, traced %8.2f ms/step, speedup %.2fx, %s\n",
+                key.c_str(), r.eager_ms, r.traced_ms, r.eager_ms / r.traced_ms,
                 r.identical ? "identical" : "DIFFERENT");
     all_identical = all_identical && r.identical;
   }

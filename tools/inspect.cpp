@@ -1,4 +1,4 @@
-// retrace inspect: capture one denoising step of the example DiT and print its trace — commands
+// retrace inspect: capture one sampler step of the DiT and print its trace — commands
 // by op, memory, input slots — and optionally a Graphviz graph of it (--dot FILE): one node per
 // command, an edge from the last earlier command that used one of its buffers.
 #include "model_options.hpp"
@@ -47,21 +47,29 @@ int run_inspect(ModelOptions& o, const std::string& dot_path) {
   auto device = open_device(o);
   auto model = make_model(o, *device);
   const models::DiTConfig& c = model->config();
+  // One sampler step (batch 1, class 0, no guidance) on constant latents.
   auto step = make_tracer(
-      [&](const Tensor& latents, const Tensor& t) { return model->euler_step(latents, t, -0.05f); },
-      *device, TraceOptions{.name = "DiT euler_step"});
-  const Tensor latents = ops::full({1, c.tokens, c.hidden}, 0.1, *device, c.dtype);
-  const Tensor features =
-      Tensor::from_vector<float>(model->timestep_features(0.5f), {1, c.hidden}, c.dtype)
-          .to_device(*device);
-  const Tensor& output = step(latents, features);
+      [&](const Tensor& latents, const Tensor& t, const Tensor& labels, const Tensor& ab) {
+        return model->sample_step(latents, t, labels, ab, 1.0);
+      },
+      *device, TraceOptions{.name = "DiT sample_step"});
+  const Tensor latents =
+      ops::full({1, c.in_channels, c.input_size, c.input_size}, 0.1, *device, c.dtype);
+  const float t = 500.0f;
+  const std::int64_t label = 0;
+  auto upload = [&](const std::vector<float>& values, const Shape& shape) {
+    return Tensor::from_vector<float>(values, shape, c.dtype).to_device(*device);
+  };
+  const Tensor features = upload(model->timestep_frequencies({&t, 1}), {1, c.frequency_size});
+  const Tensor labels = upload(model->label_rows({&label, 1}), {1, c.num_classes + 1});
+  const Tensor& output = step(latents, features, labels, upload({0.9f, 0.1f}, {2}));
   const TraceId trace = step.trace_ids().front();
   const TraceInfo info = device->trace_info(trace);
 
   std::printf(
-      "trace %llu of one DiT Euler step (tokens %lld, hidden %lld, depth %lld, heads %lld, %s) on "
-      "%s\n",
-      static_cast<unsigned long long>(trace.value), static_cast<long long>(c.tokens),
+      "trace %llu of one DiT sampler step (%lld tokens, hidden %lld, depth %lld, heads %lld, %s) "
+      "on %s\n",
+      static_cast<unsigned long long>(trace.value), static_cast<long long>(c.tokens()),
       static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
       static_cast<long long>(c.heads), o.dtype.c_str(), device->name().c_str());
   std::printf(
@@ -77,12 +85,14 @@ int run_inspect(ModelOptions& o, const std::string& dot_path) {
     std::printf("  %-30.*s %5zu\n", static_cast<int>(op.size()), op.data(), n);
   std::printf("input slots (replays read these buffers; refresh them in place):\n");
   std::vector<std::pair<std::string, std::uint64_t>> inputs;
-  const auto& [slot_latents, slot_t] = step.inputs();
-  for (const auto& [name, t] :
+  const auto& [slot_latents, slot_t, slot_labels, slot_ab] = step.inputs();
+  for (const auto& [name, slot] :
        {std::pair<std::string, const Tensor*>{"args[0] latents", &slot_latents},
-        {"args[1] timestep", &slot_t}}) {
-    std::printf("  %-18s %s\n", name.c_str(), t->to_string().c_str());
-    inputs.emplace_back(name, t->address());
+        {"args[1] timestep", &slot_t},
+        {"args[2] labels", &slot_labels},
+        {"args[3] coefficients", &slot_ab}}) {
+    std::printf("  %-22s %s\n", name.c_str(), slot->to_string().c_str());
+    inputs.emplace_back(name, slot->address());
   }
   std::printf("output (the same object on every replay):\n  %s\n", output.to_string().c_str());
   if (!dot_path.empty()) {

@@ -13,7 +13,7 @@
 #include <new>
 
 namespace retrace::cli {
-int run_demo(ModelOptions& options);
+int run_demo(ModelOptions& options, const DemoOptions& demo);
 int run_inspect(ModelOptions& options, const std::string& dot_path);
 }  // namespace retrace::cli
 
@@ -45,8 +45,19 @@ int main(int argc, char** argv) {
     inspect_options.config.depth = 2;
     std::string dot_path;
     CLI::App* demo = app.add_subcommand(
-        "demo", "denoising loop of a small diffusion transformer, eager and traced, compared");
+        "demo", "class-conditional sampling with a diffusion transformer (DiT), eager and traced, "
+        "compared");
     retrace::cli::add_model_options(*demo, demo_options);
+    retrace::cli::DemoOptions demo_extra;
+    demo->add_option("--class", demo_extra.label,
+                     "class label to sample (default 207, or 0 with fewer classes)")
+        ->check(retrace::cli::whole_number(0, INT64_MAX));
+    demo->add_option("--cfg-scale", demo_extra.cfg_scale,
+                     "classifier-free guidance scale (1: none)")
+        ->check(CLI::Range(0.0, 1000.0));
+    demo->add_option("--preview", demo_extra.preview,
+                     "write the final latents as a PNG here (default with --weights: "
+                     "dit_sample.png)");
     CLI::App* inspect =
         app.add_subcommand("inspect", "capture one denoising step, print its trace");
     retrace::cli::add_model_options(*inspect, inspect_options);
@@ -94,7 +105,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       return fail(fmt::format("{} (see retrace --help)", e.what()));
     }
-    if (*demo) return retrace::cli::run_demo(demo_options);
+    if (*demo) return retrace::cli::run_demo(demo_options, demo_extra);
     if (*bench && libtorch_peer > 0) {
       return retrace::bench::run_libtorch_peer(sizes.at(0), libtorch_peer, repeats, steps);
     }
@@ -105,7 +116,7 @@ int main(int argc, char** argv) {
   } catch (const retrace::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {
-    return fail("out of host memory (an allocation failed); try a smaller --tokens or --hidden, "
+    return fail("out of host memory (an allocation failed); try a smaller --input-size or --hidden, "
                 "or raise the memory limit");
   } catch (const std::length_error& e) {
     return fail(fmt::format("out of host memory: a container would exceed its maximum size ({})",

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <tuple>
 
 namespace retrace::cli {
 
@@ -25,18 +26,30 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   // Bounds the model accepts (DiTConfig): sizes far beyond any machine's memory are refused
   // here with a clear line instead of overflowing a size computation later.
   constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
-  app.add_option("--steps", o.steps, "Euler steps of the sampler")->check(whole_number(1, 1000000));
-  app.add_option("--tokens", o.config.tokens, "tokens (the first resolution)")
+  o.app = &app;
+  app.add_option("--steps", o.steps, "sampler steps (DDIM)")->check(whole_number(1, 1000));
+  app.add_option("--input-size", o.config.input_size,
+                 "latent height and width (the first resolution)")
       ->check(whole_number(1, kMaxSize));
-  app.add_option("--hidden", o.config.hidden, "token width C")->check(whole_number(2, kMaxSize));
+  app.add_option("--patch", o.config.patch_size, "patch size")->check(whole_number(1, 64));
+  app.add_option("--channels", o.config.in_channels, "latent channels")
+      ->check(whole_number(1, 4096));
+  app.add_option("--hidden", o.config.hidden, "token width C")->check(whole_number(4, kMaxSize));
   app.add_option("--depth", o.config.depth, "transformer blocks")->check(whole_number(1, 4096));
-  app.add_option("--heads", o.config.heads, "attention heads")->check(whole_number(1, kMaxSize));
+  app.add_option("--heads", o.config.heads,
+                 "attention heads (with --weights: default hidden / 64, as the reference)")
+      ->check(whole_number(1, kMaxSize));
+  app.add_option("--classes", o.config.num_classes, "class labels (plus one null class)")
+      ->check(whole_number(1, kMaxSize));
   app.add_option("--dtype", o.dtype, "float32 or bfloat16")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--device", o.device,
                  "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
-  app.add_option("--weights", o.weights, ".safetensors file with DiT weights")
+  app.add_option("--weights", o.weights,
+                 ".safetensors checkpoint in the reference DiT layout (facebookresearch/DiT)")
       ->check(CLI::ExistingFile);
+  app.add_flag("--allow-unused-weights", o.allow_unused,
+               "warn about tensors of --weights the model does not use instead of failing");
   app.add_option("--seed", o.config.seed, "seed of the random weights and latents")
       ->check(whole_number(0, INT64_MAX));
 }
@@ -71,10 +84,34 @@ std::unique_ptr<Device> open_device(const ModelOptions& options) {
 }
 
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {
-  options.config.dtype = options.dtype == "bfloat16" ? DType::bfloat16 : DType::float32;
+  const DType dtype = options.dtype == "bfloat16" ? DType::bfloat16 : DType::float32;
+  options.config.dtype = dtype;
   if (options.weights.empty()) return std::make_unique<models::DiT>(options.config, device);
-  return std::make_unique<models::DiT>(options.config, device,
-                                       models::load_safetensors(options.weights, device));
+  auto given = [&](const char* name) { return options.app != nullptr && options.app->count(name) > 0; };
+  // Uploaded tensor by tensor (peak memory close to the file's size); the shapes are the same.
+  const auto weights = models::load_safetensors(options.weights, device);
+  models::DiTInference inference;
+  inference.dtype = dtype;
+  if (given("--heads")) inference.heads = options.config.heads;
+  if (given("--input-size")) inference.input_size = options.config.input_size;
+  models::DiTConfig config = models::infer_dit_config(weights, inference);
+  config.seed = options.config.seed;
+  // A size given on the command line must be the file's: nothing is silently dropped or resized.
+  for (const auto& [name, wanted, found, what] :
+       {std::tuple{"--hidden", options.config.hidden, config.hidden, "hidden size"},
+        std::tuple{"--depth", options.config.depth, config.depth, "depth"},
+        std::tuple{"--patch", options.config.patch_size, config.patch_size, "patch size"},
+        std::tuple{"--channels", options.config.in_channels, config.in_channels,
+                   "latent channels"},
+        std::tuple{"--classes", options.config.num_classes, config.num_classes, "classes"}}) {
+    RETRACE_CHECK(!given(name) || wanted == found, invalid_argument,
+                  "{} {} disagrees with {}, which has {} {}", name, wanted, options.weights, what,
+                  found);
+  }
+  options.config = config;
+  return std::make_unique<models::DiT>(
+      config, device, weights,
+      options.allow_unused ? models::UnusedWeights::warn : models::UnusedWeights::error);
 }
 
 std::string human_bytes(std::size_t bytes) {

@@ -12,14 +12,25 @@
 namespace retrace::cli {
 
 struct ModelOptions {
-  models::DiTConfig config{.tokens = 256, .hidden = 256, .depth = 4, .heads = 4};
+  // Random weights: this architecture. A checkpoint (--weights) brings its own, read from its
+  // tensors; size options given with it must agree with the file.
+  models::DiTConfig config{.input_size = 32, .hidden = 256, .depth = 4, .heads = 4};
   std::string dtype = "float32";
   std::string device = "cpu";
   std::string weights;
+  bool allow_unused = false;
   std::int64_t steps = 20;
+  CLI::App* app = nullptr;  // to tell options given on the command line from defaults
 };
 
 void add_model_options(CLI::App& app, ModelOptions& options);
+
+// retrace demo's sampling options.
+struct DemoOptions {
+  std::int64_t label = -1;  // -1: 207 (as the reference's sample script) or 0 with fewer classes
+  double cfg_scale = 4.0;
+  std::string preview;      // PNG of the final latents; default dit_sample.png with --weights
+};
 
 // "must be a whole number from MIN to MAX": checked before CLI11 converts the text, so a
 // usage error names the option and the allowed range in words a person would write.
@@ -32,7 +43,8 @@ struct DeviceUnavailable : std::runtime_error {
 
 // The device named by --device (the CPU device; CUDA when built with it and a GPU is usable).
 std::unique_ptr<Device> open_device(const ModelOptions& options);
-// The model: weights from --weights, or from --seed.
+// The model: weights from --weights (configuration inferred from the file and checked against
+// the size options given), or random from --seed.
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device);
 
 std::string human_bytes(std::size_t bytes);

@@ -1,4 +1,5 @@
-// retrace bench: the comparison matrix of one denoising step of the example DiT.
+// retrace bench: the comparison matrix of one denoising step of the DiT (one DDIM step, batch 1,
+// no guidance).
 // Sizes S (dispatch-bound), M, L (compute-bound); float32; 1 and 2 kernel threads. Modes, per
 // step: eager (ops dispatched one by one), traced (the step replayed), floor (the same math
 // straight on the kernel library, FloorDiT) and libtorch (the same model and weights in
@@ -67,21 +68,48 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 // The state a step starts from, and the step's arguments, as every mode (and the libtorch
 // child) builds them: the same seed, so the same numbers in every process.
 struct StepInputs {
-  std::vector<float> start, features;
-  float dt;
+  std::vector<float> start, features, labels;
+  std::int64_t label;
+  float a, b;
 };
 
 StepInputs step_inputs(const models::DiT& model, std::int64_t steps) {
   const models::DiTConfig& c = model.config();
   StepInputs in;
-  in.start.resize(static_cast<std::size_t>(c.tokens * c.hidden));
+  in.start.resize(static_cast<std::size_t>(c.in_channels * c.input_size * c.input_size));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (float& v : in.start) v = dist(rng);
-  in.features = model.timestep_features(0.5f);
-  in.dt = -1.0f / static_cast<float>(steps);
+  // The middle step of a DDIM schedule of `steps` steps.
+  const models::DdimSchedule schedule(std::max<std::int64_t>(steps, 2));
+  const std::size_t middle = schedule.timesteps.size() / 2;
+  in.features = model.timestep_frequencies({&schedule.timesteps[middle], 1});
+  in.label = c.num_classes > 207 ? 207 : 0;
+  in.labels = model.label_rows({&in.label, 1});
+  in.a = schedule.a[middle];
+  in.b = schedule.b[middle];
   return in;
 }
+
+// The step's inputs on the device, and the step.
+struct DeviceStep {
+  const models::DiT& model;
+  Shape shape;
+  Tensor features, labels, coefficients;
+  DeviceStep(const models::DiT& m, const StepInputs& in, Device& device) : model(m) {
+    const models::DiTConfig& c = m.config();
+    shape = Shape{1, c.in_channels, c.input_size, c.input_size};
+    auto upload = [&](const std::vector<float>& v, const Shape& s) {
+      return Tensor::from_vector<float>(v, s, c.dtype).to_device(device);
+    };
+    features = upload(in.features, {1, c.frequency_size});
+    labels = upload(in.labels, {1, c.num_classes + 1});
+    coefficients = upload({in.a, in.b}, {2});
+  }
+  [[nodiscard]] Tensor operator()(const Tensor& x) const {
+    return model.sample_step(x, features, labels, coefficients, 1.0);
+  }
+};
 
 const models::NamedDiTConfig& find_size(const std::string& name) {
   const auto& sizes = models::benchmark_sizes();
@@ -137,51 +165,52 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   auto device = open_cpu_device(options);
   const models::DiTConfig& c = size.config;
   models::DiT model(c, *device);
-  const Shape shape{1, c.tokens, c.hidden};
   const StepInputs in = step_inputs(model, steps);
+  const DeviceStep device_step(model, in, *device);
+  const Shape& shape = device_step.shape;
   const std::vector<float>& start = in.start;
-  const std::vector<float>& features = in.features;
-  const float dt = in.dt;
-  const Tensor t_features =
-      Tensor::from_vector<float>(features, {1, c.hidden}, c.dtype).to_device(*device);
+  auto upload = [&](const std::vector<float>& v) {
+    return Tensor::from_vector<float>(v, shape, c.dtype).to_device(*device);
+  };
 
-  Tensor eager_x = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
+  Tensor eager_x = upload(start);
   // The traced step updates the latents in place (the copy is part of the trace), so a step is
   // one blocking replay: no eager op, no hand-off to the queue's worker.
   auto tracer = make_tracer(
-      [&](const Tensor& x, const Tensor& t) {
-        Tensor next = model.euler_step(x, t, dt);
+      [&](const Tensor& x) {
+        Tensor next = device_step(x);
         ops::copy(next, x);
         return next;
       },
       *device, TraceOptions{.prep_run = true, .clone_prep_inputs = true, .name = "bench step"});
-  const Tensor slot = Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device);
-  tracer(slot, t_features);  // capture (and run once)
-  const std::unique_ptr<FloorStep> floor = make_floor(model, c.tokens, cpu_kernel_isa(*device));
+  const Tensor slot = upload(start);
+  tracer(slot);  // capture (and run once)
+  const std::unique_ptr<FloorStep> floor = make_floor(model, cpu_kernel_isa(*device));
   std::vector<float> floor_x = start;
+  auto floor_step = [&](float* x, float a, float b) {
+    floor->step(x, in.features.data(), in.label, a, b);
+  };
 
   // Agreement: one step of each from the same state.
   std::vector<float> f = start;
-  floor->step(f.data(), features.data(), dt);
-  const Tensor once = model.euler_step(
-      Tensor::from_vector<float>(start, shape, c.dtype).to_device(*device), t_features, dt);
-  const std::vector<float> e = once.to_vector<float>();
+  floor_step(f.data(), in.a, in.b);
+  const std::vector<float> e = device_step(upload(start)).to_vector<float>();
   double worst = 0.0;
   for (std::size_t i = 0; i < e.size(); ++i) {
     worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
   }
-  floor->step(floor_x.data(), features.data(), 0.0f);  // warm up
+  floor_step(floor_x.data(), 1.0f, 0.0f);  // warm up
   Row row{size.name, threads, cpu_kernel_isa(*device), 0, 0, 0, worst, std::nullopt,
           std::nullopt};
   std::vector<double> eager_ms, traced_ms, floor_ms;
   for (int r = 0; r < repeats; ++r) {
     for (std::int64_t s = 0; s < steps; ++s) {
       eager_ms.push_back(time_ms([&] {
-        eager_x = model.euler_step(eager_x, t_features, dt);
+        eager_x = device_step(eager_x);
         device->synchronize();
       }));
-      traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs()), t_features); }));
-      floor_ms.push_back(time_ms([&] { floor->step(floor_x.data(), features.data(), dt); }));
+      traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs())); }));
+      floor_ms.push_back(time_ms([&] { floor_step(floor_x.data(), in.a, in.b); }));
     }
   }
   row.eager_ms = median(eager_ms);
@@ -264,14 +293,16 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
                   int repeats, std::int64_t steps) {
   const std::vector<std::string> variants = expand_isas(isas);  // checked before anything runs
   std::vector<Row> rows;
-  std::printf("retrace bench: one DiT Euler step, float32, medians of %d x %lld steps per mode\n",
+  std::printf("retrace bench: one DiT sampler step, float32, medians of %d x %lld steps per mode\n",
               repeats, static_cast<long long>(steps));
   bool with_torch = false;
   {
     std::string why;
     auto device = open_cpu_device();
-    models::DiT probe(models::DiTConfig{.tokens = 2, .hidden = 8, .depth = 1, .heads = 2}, *device);
-    with_torch = make_torch_step(probe, 2, why) != nullptr;
+    models::DiT probe(
+        models::DiTConfig{.input_size = 2, .hidden = 8, .depth = 1, .heads = 2, .num_classes = 1},
+        *device);
+    with_torch = make_torch_step(probe, why) != nullptr;
     if (!with_torch) std::printf("libtorch mode skipped: %s\n", why.c_str());
     else {
       std::printf("libtorch: timed in a process of its own per size and thread count, with "
@@ -359,24 +390,21 @@ int run_libtorch_peer(const std::string& size_name, int threads, int repeats,
   const models::DiTConfig& c = size.config;
   models::DiT model(c, *device);
   std::string why;
-  std::unique_ptr<TorchStep> torch_step = make_torch_step(model, c.tokens, why);
+  std::unique_ptr<TorchStep> torch_step = make_torch_step(model, why);
   RETRACE_CHECK(torch_step != nullptr, unimplemented, "bench: {}", why);
   torch_step->set_threads(threads);
   const StepInputs in = step_inputs(model, steps);
-  const Shape shape{1, c.tokens, c.hidden};
-  const Tensor t_features =
-      Tensor::from_vector<float>(in.features, {1, c.hidden}, c.dtype).to_device(*device);
+  const DeviceStep device_step(model, in, *device);
   const std::vector<float> want =
-      model.euler_step(Tensor::from_vector<float>(in.start, shape, c.dtype).to_device(*device),
-                       t_features, in.dt)
+      device_step(Tensor::from_vector<float>(in.start, device_step.shape, c.dtype).to_device(*device))
           .to_vector<float>();
   std::vector<float> x = in.start;
-  torch_step->step(x.data(), in.features.data(), in.dt);
+  torch_step->step(x.data(), in.features.data(), in.label, in.a, in.b);
   const double error = relative_error(x, want);
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) {
     for (std::int64_t s = 0; s < steps; ++s) {
-      ms.push_back(time_ms([&] { torch_step->step(x.data(), in.features.data(), in.dt); }));
+      ms.push_back(time_ms([&] { torch_step->step(x.data(), in.features.data(), in.label, in.a, in.b); }));
     }
   }
   std::printf("libtorch_ms %.9g libtorch_relative_error %.9g\n", median(ms), error);

@@ -18,8 +18,9 @@ float silu(float x) { return x / (1.0f + cpu::vector_exp(-x)); }
 
 class FloorDiT final : public FloorStep {
  public:
-  FloorDiT(const models::DiT& model, std::int64_t tokens);
-  void step(float* x, const float* t_features, float dt) override;
+  explicit FloorDiT(const models::DiT& model);
+  void step(float* x, const float* t_frequencies, std::int64_t label, float a,
+            float b) override;
 
  private:
   const std::vector<float>& w(const std::string& name) const { return weights_.at(name); }
@@ -31,13 +32,13 @@ class FloorDiT final : public FloorStep {
   models::DiTConfig config_;
   std::int64_t tokens_;
   std::map<std::string, std::vector<float>> weights_;
-  std::vector<float> temb_, hidden_, c_, mod_, y_, qkv_, attn_, proj_, mlp_, v_;
+  std::vector<float> temb_, hidden_, c_, mod_, y_, qkv_, attn_, proj_, mlp_, v_, patches_, out_;
   std::vector<float> q_, k_, vh_, scores_, head_out_;
 };
 
-FloorDiT::FloorDiT(const models::DiT& model, std::int64_t tokens)
-    : config_(model.config()), tokens_(tokens) {
-  const std::int64_t h = config_.hidden, t = tokens;
+FloorDiT::FloorDiT(const models::DiT& model)
+    : config_(model.config()), tokens_(model.config().tokens()) {
+  const std::int64_t h = config_.hidden, t = tokens_, p = config_.patch_size;
   for (const auto& [name, shape] : models::DiT::weight_shapes(config_)) {
     weights_[name] = model.weight(name).to_vector<float>();
   }
@@ -49,7 +50,9 @@ FloorDiT::FloorDiT(const models::DiT& model, std::int64_t tokens)
   qkv_.resize(t * 3 * h);
   attn_.resize(t * h);
   proj_.resize(t * h);
-  mlp_.resize(t * 4 * h);
+  mlp_.resize(t * config_.mlp_width());
+  patches_.resize(t * config_.in_channels * p * p);
+  out_.resize(t * p * p * config_.out_channels());
   v_.resize(t * h);
   const std::int64_t d = h / config_.heads;
   q_.resize(t * d);
@@ -104,41 +107,73 @@ void FloorDiT::attention(const float* qkv, float* out) {
   }
 }
 
-void FloorDiT::step(float* x, const float* t_features, float dt) {
-  const std::int64_t h = config_.hidden, t = tokens_;
-  linear(t_features, 1, "t_embedder.mlp.0", h, h, temb_.data());
+void FloorDiT::step(float* x, const float* t_frequencies, std::int64_t label, float a,
+                    float b) {
+  const std::int64_t h = config_.hidden, t = tokens_, m = config_.mlp_width();
+  const std::int64_t p = config_.patch_size, cin = config_.in_channels, g = config_.grid();
+  const std::int64_t side = config_.input_size, cout = config_.out_channels();
+  // Patch embedding: each patch's C_in x p x p values, then the projection and positions.
+  for (std::int64_t gi = 0; gi < g; ++gi) {
+    for (std::int64_t gj = 0; gj < g; ++gj) {
+      float* dst = &patches_[(gi * g + gj) * cin * p * p];
+      for (std::int64_t ch = 0; ch < cin; ++ch) {
+        for (std::int64_t pi = 0; pi < p; ++pi) {
+          for (std::int64_t pj = 0; pj < p; ++pj) {
+            *dst++ = x[(ch * side + gi * p + pi) * side + gj * p + pj];
+          }
+        }
+      }
+    }
+  }
+  // The blocks work on their own state; x is only updated by the sampler step at the end.
+  std::vector<float>& state = proj_;
+  linear(patches_.data(), t, "x_embedder.proj", h, cin * p * p, state.data());
+  const std::vector<float>& pos = w("pos_embed");
+  for (std::int64_t i = 0; i < t * h; ++i) state[i] += pos[i];
+  linear(t_frequencies, 1, "t_embedder.mlp.0", h, config_.frequency_size, temb_.data());
   for (float& v : temb_) v = silu(v);
   linear(temb_.data(), 1, "t_embedder.mlp.2", h, h, hidden_.data());
-  for (std::int64_t j = 0; j < h; ++j) c_[j] = silu(hidden_[j]);
-  // The blocks work on a copy of x; x itself is only updated by the Euler step.
-  std::vector<float>& state = proj_;
-  state.assign(x, x + t * h);
-  for (std::int64_t b = 0; b < config_.depth; ++b) {
-    const std::string p = fmt::format("blocks.{}.", b);
-    linear(c_.data(), 1, p + "adaLN_modulation.1", 6 * h, h, mod_.data());
-    const float* m = mod_.data();
-    modulated_norm(state.data(), m, m + h, y_.data());
-    linear(y_.data(), t, p + "attn.qkv", 3 * h, h, qkv_.data());
+  const float* label_row = &w("y_embedder.embedding_table.weight")[label * h];
+  for (std::int64_t j = 0; j < h; ++j) c_[j] = silu(hidden_[j] + label_row[j]);
+  for (std::int64_t blk = 0; blk < config_.depth; ++blk) {
+    const std::string pre = fmt::format("blocks.{}.", blk);
+    linear(c_.data(), 1, pre + "adaLN_modulation.1", 6 * h, h, mod_.data());
+    const float* mo = mod_.data();
+    modulated_norm(state.data(), mo, mo + h, y_.data());
+    linear(y_.data(), t, pre + "attn.qkv", 3 * h, h, qkv_.data());
     attention(qkv_.data(), attn_.data());
-    linear(attn_.data(), t, p + "attn.proj", h, h, v_.data());
-    for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * m[2 * h + i % h];
-    modulated_norm(state.data(), m + 3 * h, m + 4 * h, y_.data());
-    linear(y_.data(), t, p + "mlp.fc1", 4 * h, h, mlp_.data());
+    linear(attn_.data(), t, pre + "attn.proj", h, h, v_.data());
+    for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * mo[2 * h + i % h];
+    modulated_norm(state.data(), mo + 3 * h, mo + 4 * h, y_.data());
+    linear(y_.data(), t, pre + "mlp.fc1", m, h, mlp_.data());
     for (float& v : mlp_) {
       const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
       v = v * (1.0f - 1.0f / (cpu::vector_exp(2.0f * inner) + 1.0f));
     }
-    linear(mlp_.data(), t, p + "mlp.fc2", h, 4 * h, v_.data());
-    for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * m[5 * h + i % h];
+    linear(mlp_.data(), t, pre + "mlp.fc2", h, m, v_.data());
+    for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * mo[5 * h + i % h];
   }
   linear(c_.data(), 1, "final_layer.adaLN_modulation.1", 2 * h, h, mod_.data());
   modulated_norm(state.data(), mod_.data(), mod_.data() + h, y_.data());
-  linear(y_.data(), t, "final_layer.linear", h, h, v_.data());
-  for (std::int64_t i = 0; i < t * h; ++i) x[i] += dt * v_[i];
+  linear(y_.data(), t, "final_layer.linear", p * p * cout, h, out_.data());
+  // Unpatchify the noise channels into the DDIM update.
+  for (std::int64_t gi = 0; gi < g; ++gi) {
+    for (std::int64_t gj = 0; gj < g; ++gj) {
+      const float* tok = &out_[(gi * g + gj) * p * p * cout];
+      for (std::int64_t pi = 0; pi < p; ++pi) {
+        for (std::int64_t pj = 0; pj < p; ++pj) {
+          for (std::int64_t ch = 0; ch < cin; ++ch) {
+            float& dst = x[(ch * side + gi * p + pi) * side + gj * p + pj];
+            dst = dst * a + tok[(pi * p + pj) * cout + ch] * b;
+          }
+        }
+      }
+    }
+  }
 }
 
-std::unique_ptr<FloorStep> make(const models::DiT& model, std::int64_t tokens) {
-  return std::make_unique<FloorDiT>(model, tokens);
+std::unique_ptr<FloorStep> make(const models::DiT& model) {
+  return std::make_unique<FloorDiT>(model);
 }
 
 }  // namespace

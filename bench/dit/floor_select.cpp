@@ -10,8 +10,7 @@
 
 namespace retrace::bench {
 
-std::unique_ptr<FloorStep> make_floor(const models::DiT& model, std::int64_t tokens,
-                                      std::string_view isa) {
+std::unique_ptr<FloorStep> make_floor(const models::DiT& model, std::string_view isa) {
   struct Row {
     std::string_view name;
     MakeFloor (*entry)() noexcept;
@@ -22,7 +21,7 @@ std::unique_ptr<FloorStep> make_floor(const models::DiT& model, std::int64_t tok
 #undef RETRACE_CPU_VARIANT_ROW
   };
   for (const Row& row : kRows) {
-    if (row.name == isa) return row.entry()(model, tokens);
+    if (row.name == isa) return row.entry()(model);
   }
   RETRACE_FAIL(invalid_argument, "bench: no floor built for the kernel variant '{}'", isa);
 }

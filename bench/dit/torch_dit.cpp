@@ -1,4 +1,4 @@
-// The DiT Euler step in libtorch, with retrace's weights (see torch_dit.hpp).
+// The DiT sampler step in libtorch, with retrace's weights (see torch_dit.hpp).
 #include "torch_dit.hpp"
 
 #include <torch/torch.h>
@@ -12,8 +12,8 @@ namespace {
 
 class LibtorchStep final : public TorchStep {
  public:
-  LibtorchStep(const models::DiT& model, std::int64_t tokens)
-      : config_(model.config()), tokens_(tokens) {
+  explicit LibtorchStep(const models::DiT& model)
+      : config_(model.config()), tokens_(model.config().tokens()) {
     for (const auto& [name, shape] : models::DiT::weight_shapes(config_)) {
       std::vector<float> values = model.weight(name).to_vector<float>();
       std::vector<std::int64_t> dims(shape.dims().begin(), shape.dims().end());
@@ -23,19 +23,32 @@ class LibtorchStep final : public TorchStep {
 
   void set_threads(int threads) override { torch::set_num_threads(threads); }
 
-  void step(float* x_data, const float* t_data, float dt) override {
+  void step(float* x_data, const float* t_data, std::int64_t label, float a, float b) override {
     torch::NoGradGuard no_grad;
-    const std::int64_t h = config_.hidden;
-    torch::Tensor x = torch::from_blob(x_data, {1, tokens_, h}, torch::kFloat32);
-    const torch::Tensor t = torch::from_blob(const_cast<float*>(t_data), {1, h}, torch::kFloat32);
+    const models::DiTConfig& c = config_;
+    const std::int64_t h = c.hidden, p = c.patch_size, g = c.grid();
+    torch::Tensor x = torch::from_blob(x_data, {1, c.in_channels, c.input_size, c.input_size},
+                                       torch::kFloat32);
+    const torch::Tensor t =
+        torch::from_blob(const_cast<float*>(t_data), {1, c.frequency_size}, torch::kFloat32);
+    // The reference's PatchEmbed: a convolution with stride = kernel = patch.
+    torch::Tensor y = torch::conv2d(x, weights_.at("x_embedder.proj.weight"),
+                                    weights_.at("x_embedder.proj.bias"), {p, p});
+    y = y.flatten(2).transpose(1, 2) + weights_.at("pos_embed");
     torch::Tensor temb = linear(t, "t_embedder.mlp.0");
     temb = linear(torch::silu(temb), "t_embedder.mlp.2");
-    const torch::Tensor c = torch::silu(temb);
-    torch::Tensor y = x;
-    for (std::int64_t b = 0; b < config_.depth; ++b) y = block(y, c, b);
-    const auto mod = linear(c, "final_layer.adaLN_modulation.1").chunk(2, -1);
+    const torch::Tensor c_emb =
+        temb + weights_.at("y_embedder.embedding_table.weight").index({torch::tensor({label})});
+    const torch::Tensor cond = torch::silu(c_emb).unsqueeze(1);
+    for (std::int64_t blk = 0; blk < c.depth; ++blk) y = block(y, cond, blk);
+    const auto mod = linear(cond, "final_layer.adaLN_modulation.1").chunk(2, -1);
     y = modulate(torch::layer_norm(y, {h}, {}, {}, 1e-6), mod[0], mod[1]);
-    x.add_(linear(y, "final_layer.linear"), dt);  // writes into x_data
+    y = linear(y, "final_layer.linear");
+    // Unpatchify: [1, g, g, p, p, C_out] -> [1, C_out, H, W].
+    y = y.reshape({1, g, g, p, p, c.out_channels()}).permute({0, 5, 1, 3, 2, 4});
+    y = y.reshape({1, c.out_channels(), c.input_size, c.input_size});
+    const torch::Tensor eps = y.slice(1, 0, c.in_channels);
+    x.copy_(x * a + eps * b);  // writes into x_data
   }
 
  private:
@@ -71,9 +84,8 @@ class LibtorchStep final : public TorchStep {
 
 }  // namespace
 
-std::unique_ptr<TorchStep> make_torch_step(const models::DiT& model, std::int64_t tokens,
-                                           std::string&) {
-  return std::make_unique<LibtorchStep>(model, tokens);
+std::unique_ptr<TorchStep> make_torch_step(const models::DiT& model, std::string&) {
+  return std::make_unique<LibtorchStep>(model);
 }
 
 }  // namespace retrace::bench

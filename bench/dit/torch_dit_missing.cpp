@@ -3,7 +3,7 @@
 
 namespace retrace::bench {
 
-std::unique_ptr<TorchStep> make_torch_step(const models::DiT&, std::int64_t, std::string& why) {
+std::unique_ptr<TorchStep> make_torch_step(const models::DiT&, std::string& why) {
   why = "this build has no libtorch (install libtorch-dev, e.g. with make bench, and rebuild)";
   return nullptr;
 }
