@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <tuple>
 
 namespace retrace::cli {
@@ -21,6 +23,52 @@ CLI::Validator whole_number(std::int64_t min, std::int64_t max) {
       },
       fmt::format("INT in [{}, {}]", min, max));
 }
+
+namespace {
+
+// "1073741824", "512M", "8G", "1T" (binary units) -> bytes; nullopt when malformed or over 2^50.
+std::optional<std::size_t> parse_bytes(const std::string& text) {
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, error] = std::from_chars(text.data(), end, value);
+  if (error != std::errc() || ptr == text.data()) return std::nullopt;
+  int shift = 0;
+  if (ptr != end) {
+    if (ptr + 1 != end) return std::nullopt;
+    switch (*ptr) {
+      case 'K': case 'k': shift = 10; break;
+      case 'M': case 'm': shift = 20; break;
+      case 'G': case 'g': shift = 30; break;
+      case 'T': case 't': shift = 40; break;
+      default: return std::nullopt;
+    }
+  }
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 50;
+  if (value == 0 || value > (kMax >> shift)) return std::nullopt;
+  return static_cast<std::size_t>(value << shift);
+}
+
+// Device memory the model needs, roughly: its weights (twice over for a file whose dtype is
+// converted), plus 1 GiB for activations and traces.
+std::size_t model_bytes(const ModelOptions& o) {
+  std::size_t weights = 0;
+  if (!o.weights.empty()) {
+    std::error_code error;
+    weights = 2 * static_cast<std::size_t>(std::filesystem::file_size(o.weights, error));
+    if (error) weights = 0;
+  } else {
+    try {
+      for (const auto& [name, shape] : models::DiT::weight_shapes(o.config)) {
+        weights += static_cast<std::size_t>(shape.numel()) * 4;
+      }
+    } catch (const Error&) {
+      weights = 0;  // a bad configuration: the model's own checks will say what is wrong
+    }
+  }
+  return weights + (std::size_t{1} << 30);
+}
+
+}  // namespace
 
 void add_model_options(CLI::App& app, ModelOptions& o) {
   // Bounds the model accepts (DiTConfig): sizes far beyond any machine's memory are refused
@@ -45,6 +93,16 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--device", o.device,
                  "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
+  app.add_option("--memory", o.memory,
+                 "device memory, e.g. 8G (default: the device's, raised to fit the model)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return parse_bytes(text) ? std::string()
+                                     : fmt::format("must be a size such as 512M, 8G or a number "
+                                                   "of bytes (up to 1024T), got '{}'",
+                                                   text);
+          },
+          "SIZE"));
   app.add_option("--weights", o.weights,
                  ".safetensors checkpoint in the reference DiT layout (facebookresearch/DiT)")
       ->check(CLI::ExistingFile);
@@ -67,7 +125,13 @@ std::unique_ptr<Device> open_device(const ModelOptions& options) {
     }
     std::unique_ptr<Device> device;
     try {
-      device = retrace::open_device(options.device);
+      DeviceOptions device_options = retrace::default_device_options(options.device);
+      if (!options.memory.empty()) {
+        device_options.memory_bytes = *parse_bytes(options.memory);
+      } else {
+        device_options.memory_bytes = std::max(device_options.memory_bytes, model_bytes(options));
+      }
+      device = retrace::open_device(options.device, device_options);
     } catch (const Error& e) {
       // A device this machine cannot run as configured (RETRACE_CPU_ISA=avx512 on a CPU without
       // AVX-512): exit status 3, like a missing GPU.

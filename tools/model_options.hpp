@@ -18,6 +18,7 @@ struct ModelOptions {
   std::string dtype = "float32";
   std::string device = "cpu";
   std::string weights;
+  std::string memory;  // device memory ("8G"); default: the backend's, raised to fit the model
   bool allow_unused = false;
   std::int64_t steps = 20;
   CLI::App* app = nullptr;  // to tell options given on the command line from defaults

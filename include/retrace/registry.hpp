@@ -36,6 +36,11 @@ struct BackendStatus {
 [[nodiscard]] std::unique_ptr<Device> open_device(std::string_view spec);
 [[nodiscard]] std::unique_ptr<Device> open_device(std::string_view spec,
                                                   const DeviceOptions& options);
+// The options open_device(spec) would use (the backend's defaults, id n), to change a few:
+//   auto options = retrace::default_device_options("cpu");
+//   options.memory_bytes = std::size_t{8} << 30;
+//   auto device = retrace::open_device("cpu", options);
+[[nodiscard]] DeviceOptions default_device_options(std::string_view spec);
 
 // --- for backends ------------------------------------------------------------------------------
 

@@ -98,13 +98,19 @@ std::vector<BackendStatus> available_backends() {
   return out;
 }
 
-std::unique_ptr<Device> open_device(std::string_view spec) {
+DeviceOptions default_device_options(std::string_view spec) {
   const auto [name, n] = parse_spec(spec);
   const std::optional<BackendRegistration> backend = find(name);
   RETRACE_CHECK(backend.has_value(), invalid_argument,
                 "open_device: no backend \"{}\" in this build (known: {})", name,
                 fmt::join(names(), ", "));
-  return open_device(spec, backend->default_options ? backend->default_options() : DeviceOptions{});
+  DeviceOptions options = backend->default_options ? backend->default_options() : DeviceOptions{};
+  options.id = DeviceId{static_cast<std::uint32_t>(n)};
+  return options;
+}
+
+std::unique_ptr<Device> open_device(std::string_view spec) {
+  return open_device(spec, default_device_options(spec));
 }
 
 std::unique_ptr<Device> open_device(std::string_view spec, const DeviceOptions& options) {
