@@ -178,7 +178,11 @@ TEST_P(OpsTest, UnaryOps) {
        [](double x) {
          return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
        },
-       false}};
+       false},
+      {"sin", ops::sin, [](double x) { return std::sin(x); }, false},
+      {"cos", ops::cos, [](double x) { return std::cos(x); }, false},
+      {"square", ops::square, [](double x) { return x * x; }, false},
+      {"erf", ops::erf, [](double x) { return std::erf(x); }, false}};
   for (const auto& [name, op, ref, positive] : list) {
     Tensor a = positive ? random({2, 3, 41}, 70, 0.1f, 4.0f) : random({2, 3, 41}, 71);
     const Ref ra = read(a);

@@ -35,6 +35,15 @@ std::vector<Step> step_library() {
       {"sigmoid", [](V p, std::size_t i, std::size_t) { return ops::sigmoid(p[i]); }},
       {"silu", [](V p, std::size_t i, std::size_t) { return ops::silu(p[i]); }},
       {"gelu", [](V p, std::size_t i, std::size_t) { return ops::gelu(p[i]); }},
+      {"sin-cos", [](V p, std::size_t i, std::size_t j) {
+         return ops::mul(ops::sin(p[i]), ops::cos(ops::square(p[j])));
+       }},
+      {"erf-clamp", [](V p, std::size_t i, std::size_t) {
+         return ops::erf(ops::clamp(p[i], -1.5, 1.0));
+       }},
+      {"pow", [](V p, std::size_t i, std::size_t j) {
+         return ops::pow(ops::add(ops::abs(p[i]), 0.5), ops::clamp(p[j], -2.0, 2.0));
+       }},
       {"relu-neg", [](V p, std::size_t i, std::size_t) { return ops::neg(ops::relu(p[i])); }},
       {"softmax", [](V p, std::size_t i, std::size_t) { return ops::softmax(p[i]); }},
       {"layer_norm", [](V p, std::size_t i, std::size_t j) {

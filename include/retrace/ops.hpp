@@ -7,8 +7,9 @@
 // Edges: a 0 extent broadcast against 1 gives 0; reductions over an empty last dimension give
 // sum 0, mean NaN, max -inf; NaN propagates through relu, max, maximum and minimum (either
 // operand), as in numpy; exp overflows to inf past ~88.72 and underflows through the
-// subnormals to 0. Integer arithmetic is defined for every input: add, sub and mul wrap modulo
-// 2^32; div truncates toward zero, x / 0 gives 0 and INT_MIN / -1 gives INT_MIN; a scalar for
+// subnormals to 0. Integer arithmetic is defined for every input: add, sub, mul and pow wrap
+// modulo 2^32; pow with a negative exponent gives 0 but for bases 1 and -1 (the integer part of
+// the exact result); div truncates toward zero, x / 0 gives 0 and INT_MIN / -1 gives INT_MIN; a scalar for
 // an integer tensor must be a whole number in the dtype's range (invalid_argument otherwise:
 // typecast to float32 for fractional arithmetic).
 //
@@ -59,7 +60,15 @@ RETRACE_DECLARE_BINARY(mul)
 RETRACE_DECLARE_BINARY(div)
 RETRACE_DECLARE_BINARY(maximum)
 RETRACE_DECLARE_BINARY(minimum)
+RETRACE_DECLARE_BINARY(pow)  // a ** b (C's powf for floats; integers: see the header comment)
 #undef RETRACE_DECLARE_BINARY
+
+// min(max(a, lo), hi) as torch.clamp: a NaN stays NaN; lo > hi gives hi; either bound may be
+// absent. float32, bfloat16, int32, uint32 (bounds must then be whole numbers in range).
+[[nodiscard]] Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi,
+                           QueueId queue = kDefaultQueue);
+void clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const Tensor& out,
+           QueueId queue = kDefaultQueue);
 
 // Unary ops (float32, bfloat16).
 #define RETRACE_DECLARE_UNARY(name)                                                  \
@@ -77,6 +86,10 @@ RETRACE_DECLARE_UNARY(relu)
 RETRACE_DECLARE_UNARY(silu)
 RETRACE_DECLARE_UNARY(gelu)       // exact (erf) form
 RETRACE_DECLARE_UNARY(gelu_tanh)  // tanh approximation
+RETRACE_DECLARE_UNARY(sin)
+RETRACE_DECLARE_UNARY(cos)
+RETRACE_DECLARE_UNARY(square)
+RETRACE_DECLARE_UNARY(erf)
 #undef RETRACE_DECLARE_UNARY
 
 // --- reductions and normalisations over the last dimension (row-major) ---------------------------

@@ -101,6 +101,14 @@ inline C apply_unary(C x) {
     return x / (C(1) + vector_exp(-x));
   } else if constexpr (op == UnaryOp::gelu) {
     return C(0.5) * x * (C(1) + vector_erf(x * C(0.70710678118654752)));
+  } else if constexpr (op == UnaryOp::sin) {
+    return std::sin(x);
+  } else if constexpr (op == UnaryOp::cos) {
+    return std::cos(x);
+  } else if constexpr (op == UnaryOp::square) {
+    return x * x;
+  } else if constexpr (op == UnaryOp::erf) {
+    return std::erf(x);  // libm: within an ulp (gelu keeps its faster polynomial)
   } else {
     // 0.5 x (1 + tanh(u)) = x (1 - 1 / (exp(2u) + 1)), without a libm call.
     const C inner = C(0.79788456080286536) * (x + C(0.044715) * x * x * x);

@@ -111,6 +111,8 @@ KernelFn binary_for(BinaryOp op, DType dtype) {
       return binary_for_dtype<K, BinaryOp::maximum>(dtype);
     case BinaryOp::minimum:
       return binary_for_dtype<K, BinaryOp::minimum>(dtype);
+    case BinaryOp::pow:
+      return binary_for_dtype<K, BinaryOp::pow>(dtype);
   }
   RETRACE_FAIL(invalid_argument, "unknown binary op");
 }
@@ -164,6 +166,14 @@ KernelFn resolve(const UnaryParams& p) {
       return unary_for_dtype<UnaryOp::gelu>(p.dtype);
     case UnaryOp::gelu_tanh:
       return unary_for_dtype<UnaryOp::gelu_tanh>(p.dtype);
+    case UnaryOp::sin:
+      return unary_for_dtype<UnaryOp::sin>(p.dtype);
+    case UnaryOp::cos:
+      return unary_for_dtype<UnaryOp::cos>(p.dtype);
+    case UnaryOp::square:
+      return unary_for_dtype<UnaryOp::square>(p.dtype);
+    case UnaryOp::erf:
+      return unary_for_dtype<UnaryOp::erf>(p.dtype);
   }
   RETRACE_FAIL(invalid_argument, "unknown unary op");
 }

@@ -33,6 +33,14 @@ __device__ inline float apply_unary(float x) {
     return x / (1.0f + expf(-x));
   } else if constexpr (op == UnaryOp::gelu) {
     return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  } else if constexpr (op == UnaryOp::sin) {
+    return sinf(x);
+  } else if constexpr (op == UnaryOp::cos) {
+    return cosf(x);
+  } else if constexpr (op == UnaryOp::square) {
+    return x * x;
+  } else if constexpr (op == UnaryOp::erf) {
+    return erff(x);
   } else {
     const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
     return 0.5f * x * (1.0f + tanhf(inner));
@@ -211,6 +219,9 @@ cudaError_t with_binary_op(BinaryOp op, F&& f) {
     case BinaryOp::minimum:
       f(std::integral_constant<BinaryOp, BinaryOp::minimum>{});
       break;
+    case BinaryOp::pow:
+      f(std::integral_constant<BinaryOp, BinaryOp::pow>{});
+      break;
   }
   return cudaGetLastError();
 }
@@ -270,6 +281,18 @@ void launch_unary_typed(UnaryOp op, const UnaryParams& p, const LaunchContext& c
       break;
     case U::gelu_tanh:
       go(std::integral_constant<U, U::gelu_tanh>{});
+      break;
+    case U::sin:
+      go(std::integral_constant<U, U::sin>{});
+      break;
+    case U::cos:
+      go(std::integral_constant<U, U::cos>{});
+      break;
+    case U::square:
+      go(std::integral_constant<U, U::square>{});
+      break;
+    case U::erf:
+      go(std::integral_constant<U, U::erf>{});
       break;
   }
 }

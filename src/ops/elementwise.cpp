@@ -169,7 +169,38 @@ RETRACE_DEFINE_BINARY(mul)
 RETRACE_DEFINE_BINARY(div)
 RETRACE_DEFINE_BINARY(maximum)
 RETRACE_DEFINE_BINARY(minimum)
+RETRACE_DEFINE_BINARY(pow)
 #undef RETRACE_DEFINE_BINARY
+
+// Two scalar passes (maximum, then minimum): NaN propagates through both, and lo > hi gives hi.
+void clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const Tensor& out,
+           QueueId queue) {
+  device_of(a, "clamp", "a");
+  check_dtype_in(a, "clamp", "a", kArithmeticTypes);
+  check_out(out, a, a.shape(), "clamp");
+  for (const auto& [name, bound] : {std::pair{"lo", lo}, std::pair{"hi", hi}}) {
+    RETRACE_CHECK(!bound || !std::isnan(*bound), invalid_argument,
+                  "clamp: the bound {} is NaN (leave it out for no bound)", name);
+  }
+  if (!lo && !hi) {
+    if (out.address() != a.address()) copy(a, out, queue);
+    return;
+  }
+  const Tensor* source = &a;
+  if (lo) {
+    binary_scalar_out("clamp", BinaryOp::maximum, a, *lo, out, queue);
+    source = &out;
+  }
+  if (hi) binary_scalar_out("clamp", BinaryOp::minimum, *source, *hi, out, queue);
+}
+
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, QueueId queue) {
+  device_of(a, "clamp", "a");
+  check_dtype_in(a, "clamp", "a", kArithmeticTypes);
+  Tensor out = empty_like(a, a.shape(), "clamp");
+  clamp(a, lo, hi, out, queue);
+  return out;
+}
 
 #define RETRACE_DEFINE_UNARY(name)                                                         \
   Tensor name(const Tensor& a, QueueId queue) { return unary(#name, UnaryOp::name, a, queue); } \
@@ -188,6 +219,10 @@ RETRACE_DEFINE_UNARY(relu)
 RETRACE_DEFINE_UNARY(silu)
 RETRACE_DEFINE_UNARY(gelu)
 RETRACE_DEFINE_UNARY(gelu_tanh)
+RETRACE_DEFINE_UNARY(sin)
+RETRACE_DEFINE_UNARY(cos)
+RETRACE_DEFINE_UNARY(square)
+RETRACE_DEFINE_UNARY(erf)
 #undef RETRACE_DEFINE_UNARY
 
 }  // namespace retrace::ops
