@@ -50,6 +50,14 @@ std::vector<OpCase> op_cases() {
        [](const T& x) { return ops::layer_norm(x[0], x[1], x[2]); }, 1e-5},
       {"rms_norm", {{10, 64}, {64}}, [](const T& x) { return ops::rms_norm(x[0], x[1]); }, 1e-5},
       {"matmul", {{2, 17, 31}, {31, 9}}, [](const T& x) { return ops::matmul(x[0], x[1]); }, 1e-5},
+      {"matmul rank-1", {{31}, {2, 31, 9}}, [](const T& x) { return ops::matmul(x[0], x[1]); }, 1e-5},
+      {"softmax in place", {{12, 50}},
+       [](const T& x) {
+         Tensor y = x[0].clone();
+         ops::softmax(y, y);
+         return y;
+       },
+       1e-6},
       {"matmul transposed", {{3, 8, 16}, {3, 12, 16}},
        [](const T& x) {
          return ops::matmul(x[0], x[1], ops::Transpose::no, ops::Transpose::yes);

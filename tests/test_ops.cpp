@@ -447,7 +447,7 @@ TEST(OpsErrorTest, ShapeAndArgumentErrorsNameTheOp) {
   EXPECT_RETRACE_ERROR((void)ops::matmul(a, a), invalid_argument,
                        "matmul: inner dimensions differ: a [2, 3] has 3 columns, b [2, 3] has 2 rows");
   EXPECT_RETRACE_ERROR((void)ops::matmul(ops::full({4}, 1.0, *device), a), invalid_argument,
-                       "matmul: operands need rank 2 or more");
+                       "matmul: inner dimensions differ: a [4] has 4 columns, b [2, 3] has 2 rows");
   EXPECT_RETRACE_ERROR((void)ops::linear(a, ops::full({5, 4}, 1.0, *device)), invalid_argument,
                        "linear: weight [5, 4] expects 4 input features, x [2, 3] has 3");
   EXPECT_RETRACE_ERROR((void)ops::layer_norm(a, ops::full({4}, 1.0, *device)), invalid_argument,

@@ -195,5 +195,99 @@ TEST_F(OpEdgesTest, EveryOpTakesEveryRankAShapeAllows) {
   EXPECT_RETRACE_ERROR((void)Shape({1, 1, 1, 1, 1, 1, 1, 1, 1}), invalid_argument, "8");
 }
 
+
+// numpy's rank-1 matmul: [K] x [K] -> [], [K] x [K, N] -> [N], [M, K] x [K] -> [M], batched too.
+TEST_F(OpEdgesTest, MatmulTakesRankOneOperandsAsNumpy) {
+  const Tensor v = floats({1, 2, 3}, {3});
+  const Tensor m = floats({1, 2, 3, 4, 5, 6}, {3, 2});  // [K=3, N=2]
+  const Tensor mt = floats({1, 2, 3, 4, 5, 6}, {2, 3});  // [M=2, K=3]
+  const Tensor dot = ops::matmul(v, v);
+  EXPECT_EQ(dot.shape(), Shape(std::span<const std::int64_t>{}));
+  EXPECT_EQ(dot.to_vector<float>(), (std::vector<float>{14}));
+  const Tensor vm = ops::matmul(v, m);
+  EXPECT_EQ(vm.shape(), Shape({2}));
+  EXPECT_EQ(vm.to_vector<float>(), (std::vector<float>{22, 28}));
+  const Tensor mv = ops::matmul(mt, v);
+  EXPECT_EQ(mv.shape(), Shape({2}));
+  EXPECT_EQ(mv.to_vector<float>(), (std::vector<float>{14, 32}));
+  const Tensor batched = ops::matmul(floats({1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1}, {2, 2, 3}), v);
+  EXPECT_EQ(batched.shape(), Shape({2, 2}));
+  EXPECT_EQ(batched.to_vector<float>(), (std::vector<float>{1, 2, 3, 6}));
+  EXPECT_RETRACE_ERROR((void)ops::matmul(v, m, ops::Transpose::yes), invalid_argument,
+                       "matmul: a rank-1 operand cannot be transposed");
+  EXPECT_RETRACE_ERROR((void)ops::matmul(v, floats({1, 2}, {2})), invalid_argument,
+                       "matmul: inner dimensions differ");
+  const Tensor out = floats({0, 0}, {2});
+  ops::matmul(v, m, out);
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{22, 28}));
+}
+
+// The out= forms of matmul, linear, attention, softmax and the norms give the allocating forms'
+// bits; softmax and the norms also work in place; an out that aliases what the kernel reads is
+// refused; and they trace.
+TEST_F(OpEdgesTest, OutFormsOfProductsAndRowOps) {
+  auto random = [&](const Shape& shape, std::uint64_t salt) {
+    return device_tensor(device(), testing::random_floats(static_cast<std::size_t>(shape.numel()), salt),
+                         shape);
+  };
+  auto bits = [](const Tensor& t) {
+    std::vector<std::uint32_t> out;
+    for (float v : t.to_vector<float>()) out.push_back(std::bit_cast<std::uint32_t>(v));
+    return out;
+  };
+  const Tensor a = random({2, 5, 8}, 1), b = random({8, 6}, 2), w = random({6, 8}, 3);
+  const Tensor bias = random({6}, 4), gamma = random({8}, 5), beta = random({8}, 6);
+  const Tensor q = random({1, 2, 5, 8}, 7), k = random({1, 2, 7, 8}, 8), v = random({1, 2, 7, 4}, 9);
+  const Tensor mask = random({7}, 10);
+  Tensor out = ops::full({2, 5, 6}, 0.0, device());
+  ops::matmul(a, b, out);
+  EXPECT_EQ(bits(out), bits(ops::matmul(a, b)));
+  ops::linear(a, w, bias, out);
+  EXPECT_EQ(bits(out), bits(ops::linear(a, w, bias)));
+  Tensor attn = ops::full({1, 2, 5, 4}, 0.0, device());
+  ops::scaled_dot_product_attention(q, k, v, mask, 0.3, attn);
+  EXPECT_EQ(bits(attn), bits(ops::scaled_dot_product_attention(q, k, v, mask, 0.3)));
+  Tensor rows = ops::full({2, 5, 8}, 0.0, device());
+  ops::softmax(a, rows);
+  EXPECT_EQ(bits(rows), bits(ops::softmax(a)));
+  ops::layer_norm(a, gamma, beta, 1e-5, rows);
+  EXPECT_EQ(bits(rows), bits(ops::layer_norm(a, gamma, beta, 1e-5)));
+  ops::rms_norm(a, gamma, 1e-6, rows);
+  EXPECT_EQ(bits(rows), bits(ops::rms_norm(a, gamma, 1e-6)));
+  // In place.
+  Tensor in_place = a.clone();
+  ops::softmax(in_place, in_place);
+  EXPECT_EQ(bits(in_place), bits(ops::softmax(a)));
+  in_place = a.clone();
+  ops::layer_norm(in_place, gamma, beta, 1e-5, in_place);
+  EXPECT_EQ(bits(in_place), bits(ops::layer_norm(a, gamma, beta, 1e-5)));
+  // Refused: aliasing an operand the kernel reads while writing, a wrong shape or dtype.
+  Tensor square = random({8, 8}, 11);
+  EXPECT_RETRACE_ERROR(ops::matmul(square, square, square), invalid_argument,
+                       "matmul: out shares storage with a");
+  EXPECT_RETRACE_ERROR(ops::linear(a, w, bias, ops::reshape(w, {1, 6, 8})), invalid_argument,
+                       "linear: out is [1, 6, 8] float32 row_major but the result is [2, 5, 6]");
+  Tensor w8 = random({8}, 12);
+  EXPECT_RETRACE_ERROR(ops::layer_norm(ops::reshape(w8, {1, 8}), w8, {}, 1e-5,
+                                       ops::reshape(w8, {1, 8})),
+                       invalid_argument, "layer_norm: out shares storage with weight");
+  EXPECT_RETRACE_ERROR(ops::scaled_dot_product_attention(q, k, v, {}, std::nullopt, Tensor()),
+                       invalid_argument, "scaled_dot_product_attention: out is a null tensor");
+  EXPECT_RETRACE_ERROR(ops::softmax(a, ops::full({2, 5, 8}, 0.0, device(), DType::bfloat16)),
+                       invalid_argument, "softmax: out is [2, 5, 8] bfloat16");
+  // Traced: the out= forms write into the same tensors every replay.
+  Tensor traced_out = ops::full({2, 5, 6}, 0.0, device());
+  auto tracer = make_tracer(
+      [&](const Tensor& x) {
+        ops::linear(x, w, bias, traced_out);
+        ops::softmax(traced_out, traced_out);
+        return traced_out;
+      },
+      device());
+  const std::vector<std::uint32_t> want = bits(ops::softmax(ops::linear(a, w, bias)));
+  EXPECT_EQ(bits(tracer(a)), want);
+  EXPECT_EQ(bits(tracer(a)), want);
+}
+
 }  // namespace
 }  // namespace retrace

@@ -109,17 +109,32 @@ enum class KeepDim : bool { no = false, yes = true };
                                 QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor rms_norm(const Tensor& a, const Tensor& weight = {}, double eps = 1e-6,
                               QueueId queue = kDefaultQueue);
+// out= forms: out has a's shape, dtype and layout and may be a itself (in place), but not the
+// weight or bias.
+void softmax(const Tensor& a, const Tensor& out, QueueId queue = kDefaultQueue);
+void layer_norm(const Tensor& a, const Tensor& weight, const Tensor& bias, double eps,
+                const Tensor& out, QueueId queue = kDefaultQueue);
+void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& out,
+              QueueId queue = kDefaultQueue);
 
 // --- matrix products ----------------------------------------------------------------------------
 
 enum class Transpose : bool { no = false, yes = true };
 // a [..., M, K] x b [..., K, N] -> [..., M, N]; batch dimensions broadcast; either operand may
-// be transposed in its last two dimensions.
+// be transposed in its last two dimensions. A rank-1 operand follows numpy: a [K] is a row, b [K]
+// a column, and that dimension is dropped from the result ([K] x [K] -> [], [K] x [K, N] -> [N]).
 [[nodiscard]] Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a = Transpose::no,
                             Transpose transpose_b = Transpose::no, QueueId queue = kDefaultQueue);
 // x [..., in] . weight[out, in]^T + bias[out] -> [..., out].
 [[nodiscard]] Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
                             QueueId queue = kDefaultQueue);
+// out= forms of the products: out has the result's shape and the operands' dtype, and must not
+// share storage with an operand (invalid_argument).
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out,
+            Transpose transpose_a = Transpose::no, Transpose transpose_b = Transpose::no,
+            QueueId queue = kDefaultQueue);
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+            QueueId queue = kDefaultQueue);
 // softmax(q k^T * scale + mask) v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (or rank 3
 // without B); mask (optional, additive) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
 // [H or 1, Sq or 1, Sk] or [B or 1, H or 1, Sq or 1, Sk] (e.g. a key-padding mask [B, 1, 1, Sk]);
@@ -128,6 +143,9 @@ enum class Transpose : bool { no = false, yes = true };
                                                   const Tensor& v, const Tensor& mask = {},
                                                   std::optional<double> scale = std::nullopt,
                                                   QueueId queue = kDefaultQueue);
+void scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& mask, std::optional<double> scale,
+                                  const Tensor& out, QueueId queue = kDefaultQueue);
 
 // --- shapes and layouts -------------------------------------------------------------------------
 

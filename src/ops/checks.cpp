@@ -122,4 +122,23 @@ void check_matches_except(const Tensor& a, const Tensor& b, std::size_t except,
                 "{}: {} has shape {}, which differs from {} outside dimension {}", op, b_name,
                 b.shape(), a.shape(), except);
 }
+void check_out(const Tensor& out, const Tensor& a, const Shape& shape, std::string_view op) {
+  device_of(out, op, "out");
+  RETRACE_CHECK(out.device() == a.device(), invalid_argument, "{}: out is on {} but a is on {}",
+                op, out.device()->name(), a.device()->name());
+  RETRACE_CHECK(out.shape() == shape && out.dtype() == a.dtype() && out.layout() == a.layout(),
+                invalid_argument, "{}: out is {} {} {} but the result is {} {} {}", op,
+                out.shape(), out.dtype(), out.layout(), shape, a.dtype(), a.layout());
+}
+
+void check_not_aliased(const Tensor& out, std::string_view op,
+                       std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs) {
+  for (const auto& [input, name] : inputs) {
+    RETRACE_CHECK(input->is_null() || input->buffer() != out.buffer(), invalid_argument,
+                  "{}: out shares storage with {}, which the kernel reads while writing out; "
+                  "use a separate output tensor",
+                  op, name);
+  }
+}
+
 }  // namespace retrace::ops::detail

@@ -54,6 +54,12 @@ inline void* data_of(const Tensor& t) { return t.buffer()->data(); }
 }  // namespace retrace::ops::detail
 
 namespace retrace::ops::detail {
+// An out= argument: on a's device, with the result's shape and a's dtype and layout.
+void check_out(const Tensor& out, const Tensor& a, const Shape& shape, std::string_view op);
+// An out= argument of an op whose kernel reads these inputs while it writes (a product, a
+// norm's weight): it must not share storage with any of them.
+void check_not_aliased(const Tensor& out, std::string_view op,
+                       std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs);
 // b must match a in device, dtype, layout and every extent but dimension `except`.
 void check_matches_except(const Tensor& a, const Tensor& b, std::size_t except,
                           std::string_view op, std::string_view b_name);

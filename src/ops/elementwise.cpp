@@ -57,14 +57,6 @@ void check_binary(const Tensor& a, const Tensor& b, std::string_view op) {
   check_dtype_in(a, op, "a", kArithmeticTypes);
 }
 
-void check_out(const Tensor& out, const Tensor& a, const Shape& shape, std::string_view op) {
-  device_of(out, op, "out");
-  RETRACE_CHECK(out.device() == a.device(), invalid_argument, "{}: out is on {} but a is on {}",
-                op, out.device()->name(), a.device()->name());
-  RETRACE_CHECK(out.shape() == shape && out.dtype() == a.dtype() && out.layout() == a.layout(),
-                invalid_argument, "{}: out is {} {} {} but the result is {} {} {}", op,
-                out.shape(), out.dtype(), out.layout(), shape, a.dtype(), a.layout());
-}
 
 
 void enqueue_binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b,

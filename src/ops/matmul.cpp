@@ -29,25 +29,30 @@ void check_pair(const Tensor& a, const char* a_name, const Tensor& b, const char
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose transpose_b,
-              QueueId queue) {
-  constexpr const char* op = "matmul";
-  check_pair(a, "a", b, "b", op);
+namespace {
+
+// A product's kernel parameters for operands of rank 2 or more, and its output shape.
+struct MatmulPlan {
+  MatmulParams params{};
+  Shape out_shape;
+};
+
+// user_a and user_b: the operands as the user gave them (rank 1 included), for messages.
+MatmulPlan plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& user_a,
+                       const Shape& user_b) {
   const Shape& sa = a.shape();
   const Shape& sb = b.shape();
-  RETRACE_CHECK(sa.rank() >= 2 && sb.rank() >= 2, invalid_argument,
-                "matmul: operands need rank 2 or more, got {} and {}", sa, sb);
-  const bool ta = transpose_a == Transpose::yes, tb = transpose_b == Transpose::yes;
   const std::int64_t m = ta ? sa[-1] : sa[-2], k = ta ? sa[-2] : sa[-1];
   const std::int64_t kb = tb ? sb[-1] : sb[-2], n = tb ? sb[-2] : sb[-1];
   RETRACE_CHECK(k == kb, invalid_argument,
-                "matmul: inner dimensions differ: a {}{} has {} columns, b {}{} has {} rows", sa,
-                ta ? " (transposed)" : "", k, sb, tb ? " (transposed)" : "", kb);
+                "matmul: inner dimensions differ: a {}{} has {} columns, b {}{} has {} rows", user_a,
+                ta ? " (transposed)" : "", k, user_b, tb ? " (transposed)" : "", kb);
   // Broadcast the batch dimensions.
   const std::size_t ra = sa.rank() - 2, rb = sb.rank() - 2, rank = std::max(ra, rb);
   RETRACE_CHECK(rank <= static_cast<std::size_t>(kMaxBatchRank), invalid_argument,
                 "matmul: at most {} batch dimensions, got {}", kMaxBatchRank, rank);
-  MatmulParams params{};
+  MatmulPlan plan;
+  MatmulParams& params = plan.params;
   std::vector<std::int64_t> out_shape;
   std::int64_t a_stride = m * k, b_stride = k * n;
   std::vector<std::int64_t> batch(rank), as(rank), bs(rank);
@@ -55,7 +60,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose
     const std::int64_t da = i + ra >= rank ? sa.dims()[i + ra - rank] : 1;
     const std::int64_t db = i + rb >= rank ? sb.dims()[i + rb - rank] : 1;
     RETRACE_CHECK(da == db || da == 1 || db == 1, invalid_argument,
-                  "matmul: batch dimensions of {} and {} do not broadcast", sa, sb);
+                  "matmul: batch dimensions of {} and {} do not broadcast", user_a, user_b);
     batch[i] = std::max(da, db);
     as[i] = da == 1 ? 0 : a_stride;
     bs[i] = db == 1 ? 0 : b_stride;
@@ -70,10 +75,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose
   }
   out_shape.push_back(m);
   out_shape.push_back(n);
-  Tensor out = empty_like(a, Shape(std::span<const std::int64_t>(out_shape)), op);
-  params.a = data_of(a);
-  params.b = data_of(b);
-  params.out = data_of(out);
+  plan.out_shape = Shape(std::span<const std::int64_t>(out_shape));
   params.m = m;
   params.n = n;
   params.k = k;
@@ -82,12 +84,92 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose
   params.dtype = a.dtype();
   params.trans_a = ta;
   params.trans_b = tb;
-  Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  return plan;
+}
+
+// numpy's rule for rank-1 operands: a [K] is a row [1, K], b [K] a column [K, 1], and that
+// dimension is dropped from the result. Views, no copies.
+struct MatmulOperands {
+  Tensor a, b;
+  bool a_vector, b_vector;
+};
+
+MatmulOperands promote(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_pair(a, "a", b, "b", "matmul");
+  const Shape& sa = a.shape();
+  const Shape& sb = b.shape();
+  RETRACE_CHECK(sa.rank() >= 1 && sb.rank() >= 1, invalid_argument,
+                "matmul: operands need rank 1 or more, got {} and {}", sa, sb);
+  RETRACE_CHECK((sa.rank() > 1 || !ta) && (sb.rank() > 1 || !tb), invalid_argument,
+                "matmul: a rank-1 operand cannot be transposed (a {}, b {})", sa, sb);
+  MatmulOperands out{a, b, sa.rank() == 1, sb.rank() == 1};
+  if (out.a_vector) out.a = reshape(a, {1, sa[0]});
+  if (out.b_vector) out.b = reshape(b, {sb[0], 1});
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, QueueId queue) {
+Shape squeezed(const Shape& shape, const MatmulOperands& operands) {
+  std::vector<std::int64_t> dims(shape.dims().begin(), shape.dims().end());
+  if (operands.b_vector) dims.erase(dims.end() - 1);
+  if (operands.a_vector) dims.erase(dims.end() - (operands.b_vector ? 1 : 2));
+  return Shape(std::span<const std::int64_t>(dims));
+}
+
+void enqueue_matmul(MatmulPlan& plan, const Tensor& a, const Tensor& b, const Tensor& out,
+                    QueueId queue) {
+  plan.params.a = data_of(a);
+  plan.params.b = data_of(b);
+  plan.params.out = data_of(out);
+  Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch("matmul", plan.params, buffers));
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose transpose_b,
+              QueueId queue) {
+  const bool ta = transpose_a == Transpose::yes, tb = transpose_b == Transpose::yes;
+  const MatmulOperands operands = promote(a, b, ta, tb);
+  MatmulPlan plan = plan_matmul(operands.a, operands.b, ta, tb, a.shape(), b.shape());
+  Tensor out = empty_like(a, plan.out_shape, "matmul");
+  enqueue_matmul(plan, operands.a, operands.b, out, queue);
+  return operands.a_vector || operands.b_vector ? reshape(out, squeezed(plan.out_shape, operands).dims())
+                                                : out;
+}
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, Transpose transpose_a,
+            Transpose transpose_b, QueueId queue) {
+  const bool ta = transpose_a == Transpose::yes, tb = transpose_b == Transpose::yes;
+  const MatmulOperands operands = promote(a, b, ta, tb);
+  MatmulPlan plan = plan_matmul(operands.a, operands.b, ta, tb, a.shape(), b.shape());
+  check_out(out, a, squeezed(plan.out_shape, operands), "matmul");
+  check_not_aliased(out, "matmul", {{&a, "a"}, {&b, "b"}});
+  enqueue_matmul(plan, operands.a, operands.b, reshape(out, plan.out_shape.dims()), queue);
+}
+
+namespace {
+
+void enqueue_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                    QueueId queue) {
+  MatmulParams params{};
+  params.a = data_of(x);
+  params.b = data_of(weight);
+  params.bias = bias.is_null() ? nullptr : data_of(bias);
+  params.out = data_of(out);
+  std::int64_t rows = 1;  // from the leading extents, so 0 input features still leave the rows
+  for (std::size_t d = 0; d + 1 < x.shape().rank(); ++d) rows *= x.shape().dims()[d];
+  params.m = rows;
+  params.n = weight.shape()[0];
+  params.k = x.shape()[-1];
+  params.alpha = 1.0f;
+  params.dtype = x.dtype();
+  params.trans_b = true;
+  std::vector<Buffer*> buffers{x.buffer().get(), weight.buffer().get(), out.buffer().get()};
+  if (!bias.is_null()) buffers.push_back(bias.buffer().get());
+  x.device()->enqueue(queue, make_launch("linear", params, buffers));
+}
+
+Shape linear_shape(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr const char* op = "linear";
   check_pair(x, "x", weight, "weight", op);
   RETRACE_CHECK(x.shape().rank() >= 1 && weight.shape().rank() == 2, invalid_argument,
@@ -104,29 +186,29 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, QueueId
   }
   std::vector<std::int64_t> shape(x.shape().dims().begin(), x.shape().dims().end());
   shape.back() = out_features;
-  Tensor out = empty_like(x, Shape(std::span<const std::int64_t>(shape)), op);
-  MatmulParams params{};
-  params.a = data_of(x);
-  params.b = data_of(weight);
-  params.bias = bias.is_null() ? nullptr : data_of(bias);
-  params.out = data_of(out);
-  std::int64_t rows = 1;  // from the leading extents, so 0 input features still leave the rows
-  for (std::size_t d = 0; d + 1 < x.shape().rank(); ++d) rows *= x.shape().dims()[d];
-  params.m = rows;
-  params.n = out_features;
-  params.k = in;
-  params.alpha = 1.0f;
-  params.dtype = x.dtype();
-  params.trans_b = true;
-  std::vector<Buffer*> buffers{x.buffer().get(), weight.buffer().get(), out.buffer().get()};
-  if (!bias.is_null()) buffers.push_back(bias.buffer().get());
-  x.device()->enqueue(queue, make_launch(op, params, buffers));
+  return Shape(std::span<const std::int64_t>(shape));
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, QueueId queue) {
+  Tensor out = empty_like(x, linear_shape(x, weight, bias), "linear");
+  enqueue_linear(x, weight, bias, out, queue);
   return out;
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& mask, std::optional<double> scale,
-                                    QueueId queue) {
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+            QueueId queue) {
+  check_out(out, x, linear_shape(x, weight, bias), "linear");
+  check_not_aliased(out, "linear", {{&x, "x"}, {&weight, "weight"}, {&bias, "bias"}});
+  enqueue_linear(x, weight, bias, out, queue);
+}
+
+namespace {
+
+// Allocates the output when `given_out` is null.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 std::optional<double> scale, const Tensor& given_out, QueueId queue) {
   constexpr const char* op = "scaled_dot_product_attention";
   check_pair(q, "q", k, "k", op);
   check_pair(q, "q", v, "v", op);
@@ -164,7 +246,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   std::vector<std::int64_t> shape(q.shape().dims().begin(), q.shape().dims().end());
   shape.back() = dv;
-  Tensor out = empty_like(q, Shape(std::span<const std::int64_t>(shape)), op);
+  const Shape out_shape{std::span<const std::int64_t>(shape)};
+  Tensor out = given_out;
+  if (out.is_null()) {
+    out = empty_like(q, out_shape, op);
+  } else {
+    check_out(out, q, out_shape, op);
+    check_not_aliased(out, op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&mask, "mask"}});
+  }
   params.q = data_of(q);
   params.k = data_of(k);
   params.v = data_of(v);
@@ -182,6 +271,22 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (!mask.is_null()) buffers.push_back(mask.buffer().get());
   q.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask, std::optional<double> scale,
+                                    QueueId queue) {
+  return attention(q, k, v, mask, scale, Tensor(), queue);
+}
+
+void scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& mask, std::optional<double> scale,
+                                  const Tensor& out, QueueId queue) {
+  RETRACE_CHECK(!out.is_null(), invalid_argument,
+                "scaled_dot_product_attention: out is a null tensor");
+  (void)attention(q, k, v, mask, scale, out, queue);
 }
 
 }  // namespace retrace::ops

@@ -57,13 +57,15 @@ Tensor reduce(const char* op, ReduceOp kind, const Tensor& a, KeepDim keepdim, Q
   return out;
 }
 
-Tensor norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor& bias,
-            double eps, bool rms, QueueId queue) {
+// out may be a itself (each row is read before it is written) but not the weight or bias.
+void norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor& bias, double eps,
+          bool rms, const Tensor& out, QueueId queue) {
   const Rows r = rows_of(a, op);
   check_vector(weight, a, r.cols, op, "weight");
   check_vector(bias, a, r.cols, op, "bias");
   RETRACE_CHECK(eps >= 0.0, invalid_argument, "{}: eps must not be negative, got {}", op, eps);
-  Tensor out = empty_like(a, a.shape(), op);
+  check_out(out, a, a.shape(), op);
+  check_not_aliased(out, op, {{&weight, "weight"}, {&bias, "bias"}});
   NormParams params{data_of(a),
                     weight.is_null() ? nullptr : data_of(weight),
                     bias.is_null() ? nullptr : data_of(bias),
@@ -77,6 +79,13 @@ Tensor norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor&
   if (!weight.is_null()) buffers.push_back(weight.buffer().get());
   if (!bias.is_null()) buffers.push_back(bias.buffer().get());
   a.device()->enqueue(queue, make_launch(op, params, buffers));
+}
+
+Tensor norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor& bias,
+            double eps, bool rms, QueueId queue) {
+  rows_of(a, op);
+  Tensor out = empty_like(a, a.shape(), op);
+  norm(op, a, weight, bias, eps, rms, out, queue);
   return out;
 }
 
@@ -92,12 +101,18 @@ Tensor max(const Tensor& a, KeepDim keepdim, QueueId queue) {
   return reduce("max", ReduceOp::max, a, keepdim, queue);
 }
 
-Tensor softmax(const Tensor& a, QueueId queue) {
+void softmax(const Tensor& a, const Tensor& out, QueueId queue) {
   const Rows r = rows_of(a, "softmax");
-  Tensor out = empty_like(a, a.shape(), "softmax");
+  check_out(out, a, a.shape(), "softmax");  // out may be a (in place)
   SoftmaxParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype()};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
   a.device()->enqueue(queue, make_launch("softmax", params, buffers));
+}
+
+Tensor softmax(const Tensor& a, QueueId queue) {
+  rows_of(a, "softmax");
+  Tensor out = empty_like(a, a.shape(), "softmax");
+  softmax(a, out, queue);
   return out;
 }
 
@@ -108,6 +123,16 @@ Tensor layer_norm(const Tensor& a, const Tensor& weight, const Tensor& bias, dou
 
 Tensor rms_norm(const Tensor& a, const Tensor& weight, double eps, QueueId queue) {
   return norm("rms_norm", a, weight, Tensor(), eps, true, queue);
+}
+
+void layer_norm(const Tensor& a, const Tensor& weight, const Tensor& bias, double eps,
+                const Tensor& out, QueueId queue) {
+  norm("layer_norm", a, weight, bias, eps, false, out, queue);
+}
+
+void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& out,
+              QueueId queue) {
+  norm("rms_norm", a, weight, Tensor(), eps, true, out, queue);
 }
 
 }  // namespace retrace::ops
