@@ -1,12 +1,16 @@
 // sin, cos, square, erf, pow and clamp: against a float64 reference over wide ranges (within an
 // ulp or two in float32, one bfloat16 rounding in bfloat16), at IEEE 754's special values, with
-// defined integer results, and bit-identical when traced.
+// defined integer results, and bit-identical when traced. Reductions along any dimension, min,
+// var, std, log_softmax and group_norm against float64.
 #include "support.hpp"
 
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <algorithm>
+#include <functional>
 #include <random>
+#include <string>
 
 namespace retrace {
 namespace {
@@ -194,6 +198,147 @@ TEST_F(OpMathTest, TracedEqualsEagerBitForBit) {
   auto tracer = make_tracer(program, device());
   EXPECT_EQ(bits(tracer(x)), eager);
   EXPECT_EQ(bits(tracer(x)), eager);  // a replay
+}
+
+
+// A float64 reference of a reduction along `dim` of a row-major [d0, d1, d2] tensor.
+std::vector<double> reduce_ref(const std::vector<float>& x, const std::vector<std::int64_t>& shape,
+                               std::size_t dim,
+                               const std::function<double(const std::vector<double>&)>& f) {
+  std::vector<std::int64_t> strides(3, 1);
+  for (int i = 1; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  std::vector<double> out;
+  std::vector<std::int64_t> idx(3, 0);
+  for (idx[0] = 0; idx[0] < (dim == 0 ? 1 : shape[0]); ++idx[0])
+    for (idx[1] = 0; idx[1] < (dim == 1 ? 1 : shape[1]); ++idx[1])
+      for (idx[2] = 0; idx[2] < (dim == 2 ? 1 : shape[2]); ++idx[2]) {
+        std::vector<double> values;
+        std::vector<std::int64_t> j = idx;
+        for (j[dim] = 0; j[dim] < shape[dim]; ++j[dim])
+          values.push_back(x[j[0] * strides[0] + j[1] * strides[1] + j[2] * strides[2]]);
+        out.push_back(f(values));
+      }
+  return out;
+}
+
+void expect_near_all(const std::vector<float>& got, const std::vector<double>& want, double tol,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << what << " at " << i;
+      continue;
+    }
+    ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::abs(want[i]))) << what << " at " << i;
+  }
+}
+
+TEST_F(OpMathTest, ReductionsAlongAnyDimension) {
+  const std::vector<std::int64_t> dims{3, 5, 7};
+  const auto x = uniform(105, -3.0f, 3.0f, 6);
+  const Tensor t = device_tensor(device(), x, {3, 5, 7});
+  const auto sum = [](const std::vector<double>& v) { double s = 0; for (double e : v) s += e; return s; };
+  const auto mean = [&](const std::vector<double>& v) { return sum(v) / static_cast<double>(v.size()); };
+  const auto var = [&](const std::vector<double>& v) {
+    const double m = mean(v);
+    double s = 0;
+    for (double e : v) s += (e - m) * (e - m);
+    return s / static_cast<double>(v.size() - 1);
+  };
+  for (std::int64_t dim : {0, 1, 2, -3, -1}) {
+    const auto d = static_cast<std::size_t>(dim < 0 ? dim + 3 : dim);
+    const std::string at = "dim " + std::to_string(dim);
+    expect_near_all(ops::sum(t, dim).to_vector<float>(), reduce_ref(x, dims, d, sum), 1e-5, "sum " + at);
+    expect_near_all(ops::mean(t, dim).to_vector<float>(), reduce_ref(x, dims, d, mean), 1e-5, "mean " + at);
+    expect_near_all(ops::max(t, dim).to_vector<float>(),
+                    reduce_ref(x, dims, d, [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }),
+                    0, "max " + at);
+    expect_near_all(ops::min(t, dim).to_vector<float>(),
+                    reduce_ref(x, dims, d, [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }),
+                    0, "min " + at);
+    expect_near_all(ops::var(t, dim).to_vector<float>(), reduce_ref(x, dims, d, var), 1e-5, "var " + at);
+    expect_near_all(ops::std(t, dim).to_vector<float>(),
+                    reduce_ref(x, dims, d, [&](const std::vector<double>& v) { return std::sqrt(var(v)); }),
+                    1e-5, "std " + at);
+    std::vector<std::int64_t> kept = dims;
+    kept[d] = 1;
+    EXPECT_EQ(ops::sum(t, dim, ops::KeepDim::yes).shape(), Shape(std::span<const std::int64_t>(kept)));
+  }
+  // Population variance (correction 0); a single element with correction 1 is NaN (0 / 0).
+  expect_near_all(ops::var(t, 1, 0.0).to_vector<float>(),
+                  reduce_ref(x, dims, 1, [&](const std::vector<double>& v) {
+                    return var(v) * static_cast<double>(v.size() - 1) / static_cast<double>(v.size());
+                  }),
+                  1e-5, "var correction 0");
+  EXPECT_TRUE(std::isnan(ops::var(device_tensor(device(), {2.0f}, {1})).to_vector<float>()[0]));
+  // min propagates NaN and gives +inf over nothing.
+  EXPECT_TRUE(std::isnan(ops::min(floats({1.0f, kNaN, -1.0f})).to_vector<float>()[0]));
+  EXPECT_EQ(ops::min(ops::full({2, 0}, 0.0, device())).to_vector<float>(),
+            (std::vector<float>{kInf, kInf}));
+  EXPECT_RETRACE_ERROR((void)ops::sum(t, 3), invalid_argument, "sum");
+  EXPECT_RETRACE_ERROR((void)ops::var(t, 0, -1.0), invalid_argument,
+                       "var: correction must be finite and not negative");
+}
+
+TEST_F(OpMathTest, LogSoftmaxIsStableAndMatchesFloat64) {
+  const std::vector<std::int64_t> dims{2, 6, 9};
+  auto x = uniform(108, -20.0f, 20.0f, 7);
+  x[3] = 1000.0f;  // a naive log(sum(exp(x))) overflows here
+  const Tensor t = device_tensor(device(), x, {2, 6, 9});
+  for (std::int64_t dim : {-1, 1, 0}) {
+    const auto d = static_cast<std::size_t>(dim < 0 ? dim + 3 : dim);
+    // log_softmax(x)_i = x_i - logsumexp(x): rebuild it per element from the reduction.
+    const auto lse = reduce_ref(x, dims, d, [](const std::vector<double>& v) {
+      const double m = *std::max_element(v.begin(), v.end());
+      double s = 0;
+      for (double e : v) s += std::exp(e - m);
+      return m + std::log(s);
+    });
+    const std::vector<float> got = ops::log_softmax(t, dim).to_vector<float>();
+    std::vector<double> want(x.size());
+    for (std::int64_t i = 0; i < 2; ++i)
+      for (std::int64_t j = 0; j < 6; ++j)
+        for (std::int64_t k = 0; k < 9; ++k) {
+          const std::int64_t r = d == 0 ? j * 9 + k : d == 1 ? i * 9 + k : i * 6 + j;
+          want[static_cast<std::size_t>((i * 6 + j) * 9 + k)] = x[static_cast<std::size_t>((i * 6 + j) * 9 + k)] - lse[static_cast<std::size_t>(r)];
+        }
+    expect_near_all(got, want, 2e-6, "log_softmax dim " + std::to_string(dim));
+  }
+}
+
+TEST_F(OpMathTest, GroupNormMatchesFloat64) {
+  const std::int64_t n = 2, c = 6, h = 3, w = 5, groups = 3;
+  const auto x = uniform(static_cast<std::size_t>(n * c * h * w), -2.0f, 4.0f, 8);
+  const auto weight = uniform(6, 0.5f, 1.5f, 9), bias = uniform(6, -1.0f, 1.0f, 10);
+  const std::vector<float> got =
+      ops::group_norm(device_tensor(device(), x, {n, c, h, w}), groups,
+                      device_tensor(device(), weight, {c}), device_tensor(device(), bias, {c}), 1e-5)
+          .to_vector<float>();
+  const std::int64_t per_group = (c / groups) * h * w;
+  std::vector<double> want(x.size());
+  for (std::int64_t b = 0; b < n; ++b)
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t base = (b * c + g * (c / groups)) * h * w;
+      double mean = 0, var = 0;
+      for (std::int64_t i = 0; i < per_group; ++i) mean += x[static_cast<std::size_t>(base + i)];
+      mean /= static_cast<double>(per_group);
+      for (std::int64_t i = 0; i < per_group; ++i) {
+        const double dlt = x[static_cast<std::size_t>(base + i)] - mean;
+        var += dlt * dlt;
+      }
+      var /= static_cast<double>(per_group);
+      for (std::int64_t i = 0; i < per_group; ++i) {
+        const std::int64_t channel = g * (c / groups) + i / (h * w);
+        want[static_cast<std::size_t>(base + i)] =
+            (x[static_cast<std::size_t>(base + i)] - mean) / std::sqrt(var + 1e-5) * weight[channel] + bias[channel];
+      }
+    }
+  expect_near_all(got, want, 1e-5, "group_norm");
+  EXPECT_RETRACE_ERROR((void)ops::group_norm(ops::full({1, 6, 2}, 0.0, device()), 4), invalid_argument,
+                       "group_norm: 6 channels do not split into 4 groups");
+  EXPECT_RETRACE_ERROR((void)ops::group_norm(ops::full({1, 6, 2}, 0.0, device()), 3,
+                                             ops::full({5}, 1.0, device())),
+                       invalid_argument, "group_norm: weight must hold 6 values");
 }
 
 }  // namespace

@@ -101,6 +101,9 @@ enum class KeepDim : bool { no = false, yes = true };
                           QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor max(const Tensor& a, KeepDim keepdim = KeepDim::no,
                          QueueId queue = kDefaultQueue);
+// min(a) = -max(-a): NaN wins, an empty row gives +inf.
+[[nodiscard]] Tensor min(const Tensor& a, KeepDim keepdim = KeepDim::no,
+                         QueueId queue = kDefaultQueue);
 // Numerically stable (subtracts the row maximum).
 [[nodiscard]] Tensor softmax(const Tensor& a, QueueId queue = kDefaultQueue);
 // weight and bias: [last dim] or null.
@@ -116,6 +119,34 @@ void layer_norm(const Tensor& a, const Tensor& weight, const Tensor& bias, doubl
                 const Tensor& out, QueueId queue = kDefaultQueue);
 void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& out,
               QueueId queue = kDefaultQueue);
+
+// --- reductions and normalisations along any dimension -------------------------------------------
+// (Composed of the last-dimension kernels: a dimension other than the last is first moved last
+// by a permute, i.e. a copy.)
+
+[[nodiscard]] Tensor sum(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
+                         QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor mean(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
+                          QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor max(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
+                         QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor min(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
+                         QueueId queue = kDefaultQueue);
+// Variance sum((x - mean)^2) / (n - correction) (torch's default correction 1: unbiased;
+// n <= correction gives inf or NaN, as torch); std is its square root. Two passes.
+[[nodiscard]] Tensor var(const Tensor& a, std::int64_t dim = -1, double correction = 1.0,
+                         KeepDim keepdim = KeepDim::no, QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor std(const Tensor& a, std::int64_t dim = -1, double correction = 1.0,
+                         KeepDim keepdim = KeepDim::no, QueueId queue = kDefaultQueue);
+// x - max - log(sum(exp(x - max))) along dim (stable for large inputs).
+[[nodiscard]] Tensor log_softmax(const Tensor& a, std::int64_t dim = -1,
+                                 QueueId queue = kDefaultQueue);
+// Group normalisation of x [N, C, ...] (diffusion U-Nets, VAEs): each of `groups` groups of C /
+// groups channels (with every spatial position) normalised to mean 0, variance 1 (biased, + eps),
+// then weight[c] * y + bias[c] per channel (weight and bias [C] or null).
+[[nodiscard]] Tensor group_norm(const Tensor& x, std::int64_t groups, const Tensor& weight = {},
+                                const Tensor& bias = {}, double eps = 1e-5,
+                                QueueId queue = kDefaultQueue);
 
 // --- matrix products ----------------------------------------------------------------------------
 

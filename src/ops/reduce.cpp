@@ -135,4 +135,101 @@ void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& o
   norm("rms_norm", a, weight, Tensor(), eps, true, out, queue);
 }
 
+Tensor min(const Tensor& a, KeepDim keepdim, QueueId queue) {
+  rows_of(a, "min");
+  return neg(reduce("min", ReduceOp::max, neg(a, queue), keepdim, queue), queue);
+}
+
+namespace {
+
+// `reduce_last` applied along `dim`: the dimension is moved last (a permute) unless it is last;
+// with keepdim the reduced extent stays, as 1, where it was.
+template <class ReduceLast>
+Tensor along(const char* op, const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue,
+             ReduceLast&& reduce_last) {
+  device_of(a, op, "a");
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(rank >= 1, invalid_argument, "{}: a needs rank 1 or more, got {}", op, a.shape());
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, rank, op));
+  if (d + 1 == rank) return reduce_last(a, keepdim);
+  std::vector<std::int64_t> order;
+  for (std::size_t i = 0; i < rank; ++i) {
+    if (i != d) order.push_back(static_cast<std::int64_t>(i));
+  }
+  order.push_back(static_cast<std::int64_t>(d));
+  const Tensor reduced = reduce_last(permute(a, order, queue), KeepDim::no);
+  if (keepdim == KeepDim::no) return reduced;
+  std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
+  shape[d] = 1;
+  return reshape(reduced, shape);
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
+  return along("sum", a, dim, keepdim, queue,
+               [&](const Tensor& t, KeepDim k) { return sum(t, k, queue); });
+}
+Tensor mean(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
+  return along("mean", a, dim, keepdim, queue,
+               [&](const Tensor& t, KeepDim k) { return mean(t, k, queue); });
+}
+Tensor max(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
+  return along("max", a, dim, keepdim, queue,
+               [&](const Tensor& t, KeepDim k) { return max(t, k, queue); });
+}
+Tensor min(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
+  return along("min", a, dim, keepdim, queue,
+               [&](const Tensor& t, KeepDim k) { return min(t, k, queue); });
+}
+
+Tensor var(const Tensor& a, std::int64_t dim, double correction, KeepDim keepdim, QueueId queue) {
+  device_of(a, "var", "a");
+  check_dtype_in(a, "var", "a", {DType::float32, DType::bfloat16});
+  RETRACE_CHECK(std::isfinite(correction) && correction >= 0.0, invalid_argument,
+                "var: correction must be finite and not negative, got {}", correction);
+  RETRACE_CHECK(a.shape().rank() >= 1, invalid_argument, "var: a needs rank 1 or more, got {}",
+                a.shape());
+  const std::int64_t n = a.shape()[normalize_dim(dim, a.shape().rank(), "var")];
+  const Tensor centred = sub(a, mean(a, dim, KeepDim::yes, queue), queue);
+  return div(sum(square(centred, queue), dim, keepdim, queue),
+             static_cast<double>(n) - correction, queue);
+}
+
+Tensor std(const Tensor& a, std::int64_t dim, double correction, KeepDim keepdim, QueueId queue) {
+  return sqrt(var(a, dim, correction, keepdim, queue), queue);
+}
+
+Tensor log_softmax(const Tensor& a, std::int64_t dim, QueueId queue) {
+  device_of(a, "log_softmax", "a");
+  check_dtype_in(a, "log_softmax", "a", {DType::float32, DType::bfloat16});
+  const Tensor shifted = sub(a, max(a, dim, KeepDim::yes, queue), queue);
+  return sub(shifted, log(sum(exp(shifted, queue), dim, KeepDim::yes, queue), queue), queue);
+}
+
+Tensor group_norm(const Tensor& x, std::int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps, QueueId queue) {
+  constexpr const char* op = "group_norm";
+  device_of(x, op, "x");
+  const Shape& s = x.shape();
+  RETRACE_CHECK(s.rank() >= 2, invalid_argument, "{}: x must be [N, C, ...], got {}", op, s);
+  const std::int64_t channels = s[1];
+  RETRACE_CHECK(groups >= 1 && channels % groups == 0, invalid_argument,
+                "{}: {} channels do not split into {} groups", op, channels, groups);
+  std::vector<std::int64_t> per_channel(s.rank() - 1, 1);  // [C, 1, ...] against [N, C, ...]
+  per_channel[0] = channels;
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    if (t->is_null()) continue;
+    device_of(*t, op, name);
+    RETRACE_CHECK(t->numel() == channels && t->dtype() == x.dtype(), invalid_argument,
+                  "{}: {} must hold {} values ({}), got {} {}", op, name, channels, x.dtype(),
+                  t->shape(), t->dtype());
+  }
+  const Tensor grouped = reshape(x, {s[0], groups, -1});
+  Tensor y = reshape(layer_norm(grouped, {}, {}, eps, queue), s.dims());
+  if (!weight.is_null()) y = mul(y, reshape(weight, per_channel), queue);
+  if (!bias.is_null()) y = add(y, reshape(bias, per_channel), queue);
+  return y;
+}
+
 }  // namespace retrace::ops
