@@ -341,5 +341,56 @@ TEST_F(OpMathTest, GroupNormMatchesFloat64) {
                        invalid_argument, "group_norm: weight must hold 6 values");
 }
 
+
+// is_causal (top-left aligned) against float64, with and without an additive mask on top, for
+// Sq < Sk and Sq > Sk; traced equals eager.
+TEST_F(OpMathTest, CausalAttentionMatchesFloat64) {
+  for (const auto& [sq, sk] : {std::pair<std::int64_t, std::int64_t>{5, 5}, {3, 6}, {6, 4}}) {
+    const std::int64_t b = 2, h = 2, d = 8, dv = 4;
+    const auto q = uniform(static_cast<std::size_t>(b * h * sq * d), -1.0f, 1.0f, 11);
+    const auto k = uniform(static_cast<std::size_t>(b * h * sk * d), -1.0f, 1.0f, 12);
+    const auto v = uniform(static_cast<std::size_t>(b * h * sk * dv), -1.0f, 1.0f, 13);
+    const auto m = uniform(static_cast<std::size_t>(sk), -0.5f, 0.5f, 14);
+    const Tensor tq = device_tensor(device(), q, {b, h, sq, d});
+    const Tensor tk = device_tensor(device(), k, {b, h, sk, d});
+    const Tensor tv = device_tensor(device(), v, {b, h, sk, dv});
+    const Tensor tm = device_tensor(device(), m, {sk});
+    for (bool with_mask : {false, true}) {
+      std::vector<double> want;
+      for (std::int64_t bh = 0; bh < b * h; ++bh)
+        for (std::int64_t i = 0; i < sq; ++i) {
+          std::vector<double> w(static_cast<std::size_t>(sk), 0.0);
+          double top = -INFINITY, total = 0;
+          for (std::int64_t j = 0; j <= std::min(i, sk - 1); ++j) {
+            double dot = 0;
+            for (std::int64_t e = 0; e < d; ++e)
+              dot += double(q[static_cast<std::size_t>((bh * sq + i) * d + e)]) * k[static_cast<std::size_t>((bh * sk + j) * d + e)];
+            w[static_cast<std::size_t>(j)] = dot / std::sqrt(double(d)) + (with_mask ? m[static_cast<std::size_t>(j)] : 0.0);
+            top = std::max(top, w[static_cast<std::size_t>(j)]);
+          }
+          for (std::int64_t j = 0; j <= std::min(i, sk - 1); ++j) total += (w[static_cast<std::size_t>(j)] = std::exp(w[static_cast<std::size_t>(j)] - top));
+          for (std::int64_t e = 0; e < dv; ++e) {
+            double sum = 0;
+            for (std::int64_t j = 0; j <= std::min(i, sk - 1); ++j)
+              sum += w[static_cast<std::size_t>(j)] * v[static_cast<std::size_t>((bh * sk + j) * dv + e)];
+            want.push_back(sum / total);
+          }
+        }
+      const Tensor got = ops::scaled_dot_product_attention(tq, tk, tv, with_mask ? tm : Tensor(),
+                                                           std::nullopt, ops::Causal::yes);
+      expect_near_all(got.to_vector<float>(), want, 2e-6,
+                      "causal " + std::to_string(sq) + "x" + std::to_string(sk) + (with_mask ? " masked" : ""));
+    }
+    auto tracer = make_tracer(
+        [](const Tensor& x, const Tensor& y, const Tensor& z) {
+          return ops::scaled_dot_product_attention(x, y, z, {}, std::nullopt, ops::Causal::yes);
+        },
+        device());
+    EXPECT_EQ(tracer(tq, tk, tv).to_vector<float>(),
+              ops::scaled_dot_product_attention(tq, tk, tv, {}, std::nullopt, ops::Causal::yes)
+                  .to_vector<float>());
+  }
+}
+
 }  // namespace
 }  // namespace retrace

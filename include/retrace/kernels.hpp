@@ -218,6 +218,7 @@ struct AttentionParams {
   std::int64_t mask_row_stride;
   float scale;
   DType dtype;
+  bool causal;  // key j is masked out for query i when j > i (top-left aligned, as torch)
 };
 
 // The kernel that takes each parameter struct (and the struct of each kernel).

@@ -177,6 +177,13 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 void scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& mask, std::optional<double> scale,
                                   const Tensor& out, QueueId queue = kDefaultQueue);
+// Causal attention (torch's is_causal, top-left aligned: query i sees keys 0 .. i), with an
+// optional additive mask on top. A row whose keys are all masked out (by -inf in `mask`) is NaN.
+enum class Causal : bool { no = false, yes = true };
+[[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,
+                                                  const Tensor& v, const Tensor& mask,
+                                                  std::optional<double> scale, Causal causal,
+                                                  QueueId queue = kDefaultQueue);
 
 // --- shapes and layouts -------------------------------------------------------------------------
 

@@ -97,6 +97,9 @@ void attention_kernel(const std::byte* raw) {
         if (mask != nullptr) {
           for (std::int64_t c = 0; c < p.sk; ++c) row[c] += float(E::load(mask, r * p.mask_row_stride + c));
         }
+        if (p.causal) {
+          for (std::int64_t c = r + 1; c < p.sk; ++c) row[c] = -std::numeric_limits<float>::infinity();
+        }
         softmax_row(row, row, p.sk);
       }
       const float* v = as_float(static_cast<const T*>(p.v) + bh * v_size, v_size, 1);

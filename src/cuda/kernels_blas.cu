@@ -49,7 +49,7 @@ __global__ void attention_softmax_kernel(const FailureRecord* record, float* sco
                                          std::int64_t sq, std::int64_t sk,
                                          std::int64_t mask_batch_stride,
                                          std::int64_t mask_head_stride,
-                                         std::int64_t mask_row_stride) {
+                                         std::int64_t mask_row_stride, bool causal) {
   if (aborted(record)) return;
   using E = Elem<T>;
   const std::int64_t row = blockIdx.x;  // within the chunk: (bh - bh0) * sq + r
@@ -62,6 +62,7 @@ __global__ void attention_softmax_kernel(const FailureRecord* record, float* sco
   for (std::int64_t c = threadIdx.x; c < sk; c += blockDim.x) {
     float v = s[c];
     if (m != nullptr) v += static_cast<float>(E::load(m, c));
+    if (causal && c > r) v = -INFINITY;
     s[c] = v;
     mx = fmaxf(mx, v);
   }
@@ -149,12 +150,12 @@ cudaError_t launch_attention_softmax(const AttentionParams& p, std::int64_t bh0,
     attention_softmax_kernel<bfloat16><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
         ctx.record, scores, static_cast<bfloat16*>(probs), static_cast<const bfloat16*>(p.mask),
         bh0, p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride,
-        p.mask_row_stride);
+        p.mask_row_stride, p.causal);
   } else {
     attention_softmax_kernel<float><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
         ctx.record, scores, static_cast<float*>(probs), static_cast<const float*>(p.mask), bh0,
         p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride,
-        p.mask_row_stride);
+        p.mask_row_stride, p.causal);
   }
   return cudaGetLastError();
 }

@@ -208,7 +208,8 @@ namespace {
 
 // Allocates the output when `given_out` is null.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                 std::optional<double> scale, const Tensor& given_out, QueueId queue) {
+                 std::optional<double> scale, bool causal, const Tensor& given_out,
+                 QueueId queue) {
   constexpr const char* op = "scaled_dot_product_attention";
   check_pair(q, "q", k, "k", op);
   check_pair(q, "q", v, "v", op);
@@ -266,6 +267,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   params.dv = dv;
   params.scale = static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(d))));
   params.dtype = q.dtype();
+  params.causal = causal;
   std::vector<Buffer*> buffers{q.buffer().get(), k.buffer().get(), v.buffer().get(),
                                out.buffer().get()};
   if (!mask.is_null()) buffers.push_back(mask.buffer().get());
@@ -278,7 +280,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask, std::optional<double> scale,
                                     QueueId queue) {
-  return attention(q, k, v, mask, scale, Tensor(), queue);
+  return attention(q, k, v, mask, scale, false, Tensor(), queue);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask, std::optional<double> scale,
+                                    Causal causal, QueueId queue) {
+  return attention(q, k, v, mask, scale, causal == Causal::yes, Tensor(), queue);
 }
 
 void scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -286,7 +294,7 @@ void scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& out, QueueId queue) {
   RETRACE_CHECK(!out.is_null(), invalid_argument,
                 "scaled_dot_product_attention: out is a null tensor");
-  (void)attention(q, k, v, mask, scale, out, queue);
+  (void)attention(q, k, v, mask, scale, false, out, queue);
 }
 
 }  // namespace retrace::ops
