@@ -94,6 +94,25 @@ TEST(RegistryTest, OpensTheCpuDeviceByName) {
   EXPECT_FALSE(device->description().empty());
 }
 
+// The defaults open_device(spec) uses, to change one setting: the CPU backend's own defaults
+// (CpuDeviceOptions), with the spec's id.
+TEST(RegistryTest, DefaultOptionsAreTheBackendsOwn) {
+  const DeviceOptions options = default_device_options("cpu:2");
+  const CpuDeviceOptions cpu;
+  EXPECT_EQ(options.id, DeviceId{2});
+  EXPECT_EQ(options.memory_bytes, cpu.memory_bytes);
+  EXPECT_EQ(options.num_queues, cpu.num_queues);
+  DeviceOptions bigger = options;
+  bigger.memory_bytes = std::size_t{3} << 30;
+  auto device = open_device("cpu:2", bigger);
+  EXPECT_EQ(device->stats().capacity_bytes, std::size_t{3} << 30);
+  EXPECT_EQ(device->num_queues(), cpu.num_queues);
+  EXPECT_RETRACE_ERROR((void)default_device_options("tpu"), invalid_argument,
+                       "open_device: no backend \"tpu\" in this build");
+  EXPECT_RETRACE_ERROR((void)default_device_options("cpu:x"), invalid_argument,
+                       "is not a device spec");
+}
+
 TEST(RegistryTest, ListsEveryBackendWithTheReasonOneIsUnavailable) {
   const std::vector<BackendStatus> all = available_backends();
   ASSERT_FALSE(all.empty());
