@@ -130,14 +130,14 @@ void write_png(const std::string& path, const RgbImage& image) {
   std::vector<std::uint8_t> z{0x78, 0x01};
   std::uint32_t a = 1, b = 0;  // Adler-32
   for (std::uint8_t byte : raw) a = (a + byte) % 65521u, b = (b + a) % 65521u;
-  for (std::size_t at = 0; at < raw.size() || at == 0; at += 65535) {
+  // raw is never empty: the image has at least one row, each with its filter byte.
+  for (std::size_t at = 0; at < raw.size(); at += 65535) {
     const std::size_t n = std::min<std::size_t>(65535, raw.size() - at);
     z.push_back(at + n >= raw.size() ? 1 : 0);
     z.insert(z.end(), {static_cast<std::uint8_t>(n), static_cast<std::uint8_t>(n >> 8),
                        static_cast<std::uint8_t>(~n), static_cast<std::uint8_t>(~n >> 8)});
     z.insert(z.end(), raw.begin() + static_cast<std::ptrdiff_t>(at),
              raw.begin() + static_cast<std::ptrdiff_t>(at + n));
-    if (raw.empty()) break;
   }
   put_be32(z, (b << 16) | a);
   write_chunk(file, "IDAT", z);
