@@ -1,0 +1,57 @@
+"""retrace: capture a function's device work once, replay it safely many times.
+
+    import numpy as np
+    import retrace
+    from retrace import ops
+
+    device = retrace.open_device("cpu")
+
+    @retrace.traced_function(inject_mesh_device=True)
+    def step(x, scale):
+        return ops.mul(ops.add(x, 1.0), scale)
+
+    x = retrace.from_numpy(np.ones((2, 64), np.float32), device=device)
+    y = step(x, 0.5, device=device, traced=True)   # captures, runs once
+    y = step(x, 0.5, device=device, traced=True)   # replays (the same output object)
+
+Replay runs entirely in C++: the inputs are checked and copied into the trace's input slots,
+the trace runs, and the same output objects come back. See the README for the contract.
+"""
+
+from ._core import (  # noqa: F401
+    DType,
+    Layout,
+    Device,
+    Tensor,
+    Tracer,
+    Error,
+    InvalidArgument,
+    InvalidType,
+    FailedPrecondition,
+    CaptureViolation,
+    OutOfMemory,
+    DeviceError,
+    Unimplemented,
+    float32,
+    bfloat16,
+    int32,
+    uint32,
+    uint8,
+    ROW_MAJOR_LAYOUT,
+    TILE_LAYOUT,
+    open_device,
+    available_backends,
+    from_numpy,
+    from_dlpack,
+    empty,
+    ops,
+)
+from ._tracing import StateTensor, traced_function  # noqa: F401
+
+__all__ = [
+    "DType", "Layout", "Device", "Tensor", "Tracer", "StateTensor", "traced_function",
+    "Error", "InvalidArgument", "InvalidType", "FailedPrecondition", "CaptureViolation",
+    "OutOfMemory", "DeviceError", "Unimplemented",
+    "float32", "bfloat16", "int32", "uint32", "uint8", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
+    "open_device", "available_backends", "from_numpy", "from_dlpack", "empty", "ops",
+]

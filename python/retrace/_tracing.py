@@ -1,0 +1,302 @@
+"""StateTensor and the traced_function decorator, on top of retrace.Tracer (C++).
+
+The decorator has the three device modes of ttnn's tracing utilities:
+
+1. Context-bound: ``device=`` (a Device, or a callable taking the bound context, e.g.
+   ``lambda self: self.device``). The first positional argument (``self``) is bound away; one
+   tracer per context, held weakly (a context that goes away releases its traces).
+2. Auto-discovered: the function declares a parameter named ``mesh_device`` or ``device``. On the
+   first traced call each argument that is not a valid traced input (a tensor, array, scalar or
+   None, possibly nested in tuples, lists and dicts) is bound; one tracer per identity of the
+   bound values.
+3. Injected: ``inject_mesh_device=True``. The wrapper takes ``mesh_device=`` or ``device=`` as a
+   call-time keyword and does not pass it on.
+
+Call-time keywords: ``traced`` (default False: a plain call), ``tracer_cq_id``,
+``tracer_blocking_execution``, ``tracer_execute_on_capture`` and ``tracer_trace_key`` (selects
+one of several traces of the same context).
+
+retrace's additions (decorator keywords): ``auto_key=True`` keys traces by the input signature
+(shapes, dtypes, layouts, devices, scalar values), so a new shape captures a new trace instead of
+failing; ``max_traces`` bounds the live traces per context (least recently used released
+first); ``name`` names the tracers in errors. ``wrapper.explain()`` lists the live traces.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as _np
+
+from . import _core
+
+_OMITTED = object()
+_MESH_DEVICE_PARAM_NAMES = ("mesh_device", "device")
+_TRACER_CALL_KWARGS = frozenset(
+    ("tracer_cq_id", "tracer_blocking_execution", "tracer_execute_on_capture")
+)
+_SCALARS = (int, float, str, bool, type(None))
+
+
+class StateTensor:
+    """A device buffer that keeps its address across traced updates.
+
+    A trace reads fixed addresses, so a value that changes between replays (a timestep, a cache
+    position) must be written into the same buffer. ``update(value, traced=True)`` copies into
+    the existing buffer (shape and dtype must match); untraced, or on the first update, the state
+    rebinds to the new value.
+    """
+
+    def __init__(self) -> None:
+        self._data: _core.Tensor | None = None
+
+    @property
+    def data(self) -> _core.Tensor | None:
+        return self._data
+
+    @property
+    def value(self) -> _core.Tensor | None:
+        return self._data
+
+    def update(self, value: Any, traced: bool, dtype: Any = _core.bfloat16,
+               device: _core.Device | None = None) -> None:
+        """Sets the state to ``value`` (a retrace.Tensor, or an array converted to ``dtype`` and
+        put on ``device``, or on the state's device when it has one)."""
+        if not isinstance(value, _core.Tensor):
+            if device is None and self._data is not None:
+                device = self._data.device
+            if device is None:
+                raise _core.InvalidArgument(
+                    "StateTensor.update: device must be given for an array value "
+                    "(the state has no device yet)")
+            value = _core.from_numpy(_np.asarray(value), device=device, dtype=dtype)
+        elif value.on_host:
+            target = device if device is not None else (
+                self._data.device if self._data is not None else None)
+            if target is None:
+                raise _core.InvalidArgument(
+                    "StateTensor.update: device must be given for a host tensor "
+                    "(the state has no device yet)")
+            value = value.to_device(target)
+        if self._data is None or not traced:
+            self._data = value
+        else:
+            _core.ops.copy(value, self._data)
+
+    def __repr__(self) -> str:
+        return f"StateTensor({self._data!r})"
+
+
+def _is_tracer_valid_value(value: Any) -> bool:
+    if isinstance(value, (_core.Tensor,) + _SCALARS):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_is_tracer_valid_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_tracer_valid_value(v) for k, v in value.items())
+    return hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__")
+
+
+def _is_context(value: Any) -> bool:
+    return not _is_tracer_valid_value(value)
+
+
+class _TraceStore:
+    """The tracers of one context (or one bound identity): by trace key, least recently used
+    first, within the decorator's bound."""
+
+    def __init__(self, max_traces: int) -> None:
+        self.max_traces = max_traces
+        self.tracers: OrderedDict[Any, _core.Tracer] = OrderedDict()
+        self.evictions = 0
+
+    def get(self, key: Any, make: Callable[[], _core.Tracer]) -> _core.Tracer:
+        tracer = self.tracers.get(key)
+        if tracer is None or (not tracer.trace_captured and not tracer.has_function):
+            tracer = make()
+            self.tracers[key] = tracer
+        self.tracers.move_to_end(key)
+        if self.max_traces:
+            while len(self.tracers) > self.max_traces:
+                _, old = self.tracers.popitem(last=False)
+                old.release_trace()
+                self.evictions += 1
+        return tracer
+
+    def release(self) -> None:
+        for tracer in self.tracers.values():
+            tracer.release_trace()
+        self.tracers.clear()
+
+
+def traced_function(
+    _fn: Callable[..., Any] | None = None,
+    *,
+    device: Any = None,
+    inject_mesh_device: bool = False,
+    prep_run: bool = True,
+    clone_prep_inputs: bool = True,
+    auto_key: bool = False,
+    max_traces: int = 0,
+    name: str | None = None,
+) -> Any:
+    """Makes a function or method traceable: ``f(..., traced=True)`` captures on the first call
+    and replays afterwards; ``f(...)`` is a plain call. See the module documentation for the
+    three device modes and the call-time keywords."""
+    if inject_mesh_device and device is not None:
+        raise ValueError("@traced_function: inject_mesh_device=True cannot be combined with device=")
+    if max_traces < 0:
+        raise ValueError(f"@traced_function: max_traces must be >= 0, got {max_traces}")
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        mesh_param = next((n for n in _MESH_DEVICE_PARAM_NAMES if n in sig.parameters), None)
+        label = name or getattr(fn, "__qualname__", "traced function")
+        if inject_mesh_device and mesh_param is not None:
+            raise ValueError(
+                f"@traced_function: {label} has a {mesh_param!r} parameter, and "
+                "inject_mesh_device=True would add one too; rename the parameter or drop "
+                "inject_mesh_device=True (the parameter is then found by its name)")
+        if device is None and not inject_mesh_device and mesh_param is None:
+            raise ValueError(
+                f"@traced_function: {label} has no device: pass device= (a Device, or a "
+                "callable on the bound context such as lambda self: self.device), declare a "
+                f"parameter named one of {_MESH_DEVICE_PARAM_NAMES}, or use "
+                "inject_mesh_device=True")
+
+        by_context: weakref.WeakKeyDictionary[Any, _TraceStore] = weakref.WeakKeyDictionary()
+        by_identity: dict[tuple[int, ...], tuple[tuple[Any, ...], _TraceStore]] = {}
+        bind_names: list[tuple[str, ...] | None] = [None]
+
+        def make_tracer(function: Callable[..., Any], dev: Any) -> _core.Tracer:
+            if not isinstance(dev, _core.Device):
+                raise _core.InvalidType(
+                    f"@traced_function: {label}: the device is a {type(dev).__name__}, "
+                    "expected a retrace.Device")
+            return _core.Tracer(function, device=dev, prep_run=prep_run,
+                                clone_prep_inputs=clone_prep_inputs, name=label)
+
+        def trace_key(explicit: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if auto_key:
+                return (explicit, _core._signature(*args, **kwargs))
+            return explicit
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, traced: bool = False, **kwargs: Any) -> Any:
+            explicit_key = kwargs.pop("tracer_trace_key", None)
+            injected = _OMITTED
+            if inject_mesh_device:
+                supplied = [(n, kwargs.pop(n)) for n in _MESH_DEVICE_PARAM_NAMES if n in kwargs]
+                if len(supplied) > 1:
+                    raise TypeError(
+                        f"@traced_function: {label}: pass only one of "
+                        f"{_MESH_DEVICE_PARAM_NAMES}, got both")
+                if supplied:
+                    injected = supplied[0][1]
+            if not traced:
+                for k in _TRACER_CALL_KWARGS:
+                    kwargs.pop(k, None)
+                return fn(*args, **kwargs)
+
+            call_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _TRACER_CALL_KWARGS}
+
+            if device is None:
+                # Modes 2 and 3: bind what is not a traced input, key the tracer by identity.
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                if bind_names[0] is None:
+                    bind_names[0] = tuple(
+                        n for n in sig.parameters
+                        if n in bound.arguments and not _is_tracer_valid_value(bound.arguments[n]))
+                names = bind_names[0]
+                if not inject_mesh_device and mesh_param not in names:
+                    value = bound.arguments.get(mesh_param)
+                    raise TypeError(
+                        f"@traced_function: {label}: {mesh_param!r} must be a retrace.Device, got "
+                        f"{type(value).__name__}")
+                bind_values = {n: bound.arguments.pop(n) for n in names if n in bound.arguments}
+                if inject_mesh_device:
+                    if injected is _OMITTED:
+                        raise TypeError(
+                            f"@traced_function: {label} was called with traced=True but without "
+                            f"one of {_MESH_DEVICE_PARAM_NAMES} (inject_mesh_device=True)")
+                    dev = injected
+                    identity_values = (dev, *bind_values.values())
+                else:
+                    dev = bind_values[mesh_param]
+                    identity_values = tuple(bind_values.values())
+                identity = tuple(id(v) for v in identity_values)
+                entry = by_identity.get(identity)
+                if entry is None:
+                    # The values are held, so their ids cannot be reused by other objects.
+                    entry = (identity_values, _TraceStore(max_traces))
+                    by_identity[identity] = entry
+                store = entry[1]
+                key = trace_key(explicit_key, bound.args, bound.kwargs)
+                tracer = store.get(
+                    key, lambda: make_tracer(functools.partial(fn, **bind_values), dev))
+                return tracer(*bound.args, **bound.kwargs, **call_kwargs)
+
+            # Mode 1: the first positional argument is the context.
+            if args and _is_context(args[0]):
+                context, rest = args[0], args[1:]
+                try:
+                    store = by_context.get(context)
+                    if store is None:
+                        store = _TraceStore(max_traces)
+                        by_context[context] = store
+                except TypeError as error:
+                    raise TypeError(
+                        f"@traced_function: {label}: the context {type(context).__name__} cannot "
+                        "be referenced weakly (give its class __weakref__ or drop __slots__)"
+                    ) from error
+                key = trace_key(explicit_key, rest, kwargs)
+
+                def make() -> _core.Tracer:
+                    dev = device(context) if callable(device) else device
+                    return make_tracer(functools.partial(fn, context), dev)
+
+                return store.get(key, make)(*rest, **kwargs, **call_kwargs)
+            raise TypeError(
+                f"@traced_function: {label} was called with traced=True and device= was given at "
+                "decoration, but the first positional argument is not a context to bind (it is a "
+                "traced input or absent); standalone functions declare a 'mesh_device' or "
+                "'device' parameter instead")
+
+        def tracers() -> list[_core.Tracer]:
+            out = []
+            for store in list(by_context.values()) + [e[1] for e in by_identity.values()]:
+                out.extend(store.tracers.values())
+            return out
+
+        def release_traces() -> None:
+            for store in list(by_context.values()) + [e[1] for e in by_identity.values()]:
+                store.release()
+            by_identity.clear()
+
+        def explain() -> str:
+            lines = []
+            for store in list(by_context.values()) + [e[1] for e in by_identity.values()]:
+                for key, tracer in store.tracers.items():
+                    stats = tracer.stats
+                    lines.append(
+                        f"{label} key={key!r}: captured={tracer.trace_captured} "
+                        f"captures={stats['captures']} replays={stats['replays']} "
+                        f"trace_bytes={stats['trace_bytes']} "
+                        f"reason={tracer.last_capture_reason!r}")
+            return "\n".join(lines) if lines else f"{label}: no traces"
+
+        wrapper._tracers = by_context  # type: ignore[attr-defined]
+        wrapper._tracers_auto = by_identity  # type: ignore[attr-defined]
+        wrapper.tracers = tracers  # type: ignore[attr-defined]
+        wrapper.release_traces = release_traces  # type: ignore[attr-defined]
+        wrapper.explain = explain  # type: ignore[attr-defined]
+        return wrapper
+
+    if _fn is not None:
+        return decorator(_fn)
+    return decorator

@@ -1,0 +1,63 @@
+// Shared declarations of the retrace Python extension (retrace._core).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include "retrace/device.hpp"
+#include "retrace/tensor.hpp"
+
+#include <memory>
+#include <optional>
+
+namespace retrace::python {
+
+namespace nb = nanobind;
+
+// A Python-side device: owns the device; Tensor.device finds the same Python object again.
+class PyDevice {
+ public:
+  explicit PyDevice(std::unique_ptr<Device> device);
+  ~PyDevice();
+  PyDevice(const PyDevice&) = delete;
+  PyDevice& operator=(const PyDevice&) = delete;
+
+  // The device; failed_precondition once closed.
+  [[nodiscard]] Device& get(std::string_view what) const;
+  [[nodiscard]] Device* raw() const noexcept { return device_.get(); }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] bool closed() const noexcept { return device_ == nullptr || device_->is_closed(); }
+  void close();
+
+  // The Python object of the open device `device` (None when it has none).
+  static nb::object find(const Device* device);
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::string name_;
+};
+
+// Device argument: a PyDevice or None.
+[[nodiscard]] Device& device_of(nb::handle device, std::string_view what);
+
+// DType from a retrace.DType, a name ("bfloat16") or a numpy dtype / type.
+[[nodiscard]] DType parse_dtype(nb::handle spec);
+[[nodiscard]] std::optional<DType> parse_optional_dtype(nb::handle spec);
+[[nodiscard]] QueueId parse_queue(nb::handle queue);
+
+// A host tensor from anything nanobind reads as an array (numpy, DLPack producers, buffer
+// protocol): no copy when the memory is C-contiguous in a retrace dtype that equals `dtype`.
+[[nodiscard]] Tensor host_tensor_from_array(nb::handle array, std::optional<DType> dtype,
+                                            std::string_view what);
+// True for objects host_tensor_from_array accepts (numpy arrays, __dlpack__ producers).
+[[nodiscard]] bool is_array_like(nb::handle object);
+
+// Releases Python references whose last C++ owner went away on a thread without the GIL.
+void drain_released_references();
+
+void bind_errors(nb::module_& m);
+void bind_tensors(nb::module_& m);
+void bind_ops(nb::module_& m);
+void bind_tracer(nb::module_& m);
+
+}  // namespace retrace::python

@@ -1,0 +1,391 @@
+// retrace.ops: every op of the C++ library, with keyword arguments and out=.
+#include "bindings.hpp"
+
+#include "retrace/error.hpp"
+#include "retrace/ops.hpp"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+
+#include <vector>
+
+namespace retrace::python {
+namespace {
+
+Tensor optional_tensor(const Tensor* t) { return t != nullptr ? *t : Tensor{}; }
+
+std::vector<std::int64_t> int_list(nb::handle values, std::string_view what,
+                                   std::string_view argument) {
+  std::vector<std::int64_t> out;
+  if (nb::isinstance<nb::int_>(values)) {
+    out.push_back(nb::cast<std::int64_t>(values));
+    return out;
+  }
+  RETRACE_CHECK(nb::isinstance<nb::sequence>(values), invalid_argument,
+                "{}: {} must be a sequence of integers, got {}", what, argument,
+                nb::type_name(values.type()).c_str());
+  for (nb::handle v : nb::iter(values)) {
+    RETRACE_CHECK(nb::isinstance<nb::int_>(v), invalid_argument,
+                  "{}: {} must be a sequence of integers, got an element of type {}", what,
+                  argument, nb::type_name(v.type()).c_str());
+    out.push_back(nb::cast<std::int64_t>(v));
+  }
+  return out;
+}
+
+const Tensor& tensor_arg(nb::handle value, std::string_view what, std::string_view argument) {
+  RETRACE_CHECK(nb::isinstance<Tensor>(value), invalid_argument,
+                "{}: {} must be a retrace.Tensor, got {}", what, argument,
+                nb::type_name(value.type()).c_str());
+  return *nb::inst_ptr<Tensor>(value);
+}
+
+// The result, or `out` after an out= call.
+template <class Make, class Into>
+nb::object with_out(nb::handle out, Make&& make, Into&& into, std::string_view what) {
+  if (out.is_none()) return nb::cast(make());
+  into(tensor_arg(out, what, "out"));
+  return nb::borrow(out);
+}
+
+template <auto TensorOp, auto ScalarOp, auto TensorOut, auto ScalarOut>
+void def_binary(nb::module_& ops, const char* name, const char* doc) {
+  ops.def(
+      name,
+      [name](const Tensor& a, nb::handle b, nb::handle out, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        if (nb::isinstance<Tensor>(b)) {
+          const Tensor& bt = *nb::inst_ptr<Tensor>(b);
+          return with_out(
+              out, [&] { return TensorOp(a, bt, q); }, [&](const Tensor& o) { TensorOut(a, bt, o, q); },
+              name);
+        }
+        double scalar = 0;
+        RETRACE_CHECK(nb::try_cast(b, scalar), invalid_argument,
+                      "{}: b must be a retrace.Tensor or a number, got {}", name,
+                      nb::type_name(b.type()).c_str());
+        return with_out(
+            out, [&] { return ScalarOp(a, scalar, q); },
+            [&](const Tensor& o) { ScalarOut(a, scalar, o, q); }, name);
+      },
+      nb::arg("a"), nb::arg("b"), nb::kw_only(), nb::arg("out") = nb::none(),
+      nb::arg("queue") = nb::none(), doc);
+}
+
+template <auto Op, auto Out>
+void def_unary(nb::module_& ops, const char* name) {
+  ops.def(
+      name,
+      [name](const Tensor& a, nb::handle out, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        return with_out(out, [&] { return Op(a, q); }, [&](const Tensor& o) { Out(a, o, q); }, name);
+      },
+      nb::arg("a"), nb::kw_only(), nb::arg("out") = nb::none(), nb::arg("queue") = nb::none());
+}
+
+ops::KeepDim keep(bool keepdim) { return keepdim ? ops::KeepDim::yes : ops::KeepDim::no; }
+
+// Moves `dim` last for a last-dimension kernel and back (softmax along any dimension).
+template <class F>
+Tensor along(const Tensor& a, std::int64_t dim, QueueId q, F&& f) {
+  a.check_not_null("softmax", "a");
+  const auto rank = static_cast<std::int64_t>(a.shape().rank());
+  const std::int64_t d = dim < 0 ? dim + rank : dim;
+  RETRACE_CHECK(d >= 0 && d < std::max<std::int64_t>(rank, 1), invalid_argument,
+                "dim {} is out of range for a tensor of rank {}", dim, rank);
+  if (rank == 0 || d == rank - 1) return f(a);
+  return ops::transpose(f(ops::transpose(a, d, rank - 1, q)), d, rank - 1, q);
+}
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  nb::module_ ops = m.def_submodule("ops", "Device-neutral ops (eager, or recorded in a capture).");
+
+  ops.def(
+      "full",
+      [](nb::handle shape, double value, nb::handle device, nb::handle dtype, Layout layout,
+         nb::handle queue) {
+        const auto dims = int_list(shape, "full", "shape");
+        return ops::full(Shape(std::span<const std::int64_t>(dims)), value,
+                         device_of(device, "full"),
+                         dtype.is_none() ? DType::float32 : parse_dtype(dtype), layout,
+                         parse_queue(queue));
+      },
+      nb::arg("shape"), nb::arg("value"), nb::arg("device"), nb::arg("dtype") = nb::none(),
+      nb::arg("layout") = Layout::row_major, nb::arg("queue") = nb::none());
+  ops.def(
+      "zeros",
+      [](nb::handle shape, nb::handle device, nb::handle dtype, Layout layout, nb::handle queue) {
+        const auto dims = int_list(shape, "zeros", "shape");
+        return ops::full(Shape(std::span<const std::int64_t>(dims)), 0.0,
+                         device_of(device, "zeros"),
+                         dtype.is_none() ? DType::float32 : parse_dtype(dtype), layout,
+                         parse_queue(queue));
+      },
+      nb::arg("shape"), nb::arg("device"), nb::arg("dtype") = nb::none(),
+      nb::arg("layout") = Layout::row_major, nb::arg("queue") = nb::none());
+  ops.def(
+      "fill", [](const Tensor& t, double value, nb::handle queue) { ops::fill(t, value, parse_queue(queue)); },
+      nb::arg("tensor"), nb::arg("value"), nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "copy",
+      [](const Tensor& src, const Tensor& dst, nb::handle queue) {
+        ops::copy(src, dst, parse_queue(queue));
+      },
+      nb::arg("src"), nb::arg("dst"), nb::kw_only(), nb::arg("queue") = nb::none(),
+      "dst <- src (device to device, traceable; or a host write).");
+  ops.def(
+      "assert_finite",
+      [](const Tensor& t, nb::handle queue) { ops::assert_finite(t, parse_queue(queue)); },
+      nb::arg("tensor"), nb::kw_only(), nb::arg("queue") = nb::none());
+
+#define RETRACE_PY_BINARY(name, doc)                                                              \
+  def_binary<static_cast<Tensor (*)(const Tensor&, const Tensor&, QueueId)>(&ops::name),        \
+             static_cast<Tensor (*)(const Tensor&, double, QueueId)>(&ops::name),               \
+             static_cast<void (*)(const Tensor&, const Tensor&, const Tensor&, QueueId)>(&ops::name), \
+             static_cast<void (*)(const Tensor&, double, const Tensor&, QueueId)>(&ops::name)>( \
+      ops, #name, doc)
+  RETRACE_PY_BINARY(add, "a + b (numpy broadcasting).");
+  RETRACE_PY_BINARY(sub, "a - b (numpy broadcasting).");
+  RETRACE_PY_BINARY(mul, "a * b (numpy broadcasting).");
+  RETRACE_PY_BINARY(div, "a / b (integers truncate; x / 0 is 0).");
+  RETRACE_PY_BINARY(maximum, "Elementwise maximum (NaN propagates).");
+  RETRACE_PY_BINARY(minimum, "Elementwise minimum (NaN propagates).");
+  RETRACE_PY_BINARY(pow, "a ** b.");
+#undef RETRACE_PY_BINARY
+
+#define RETRACE_PY_UNARY(name)                                                                  \
+  def_unary<static_cast<Tensor (*)(const Tensor&, QueueId)>(&ops::name),                       \
+            static_cast<void (*)(const Tensor&, const Tensor&, QueueId)>(&ops::name)>(ops, #name)
+  RETRACE_PY_UNARY(neg);
+  RETRACE_PY_UNARY(abs);
+  RETRACE_PY_UNARY(exp);
+  RETRACE_PY_UNARY(log);
+  RETRACE_PY_UNARY(sqrt);
+  RETRACE_PY_UNARY(rsqrt);
+  RETRACE_PY_UNARY(tanh);
+  RETRACE_PY_UNARY(sigmoid);
+  RETRACE_PY_UNARY(relu);
+  RETRACE_PY_UNARY(silu);
+  RETRACE_PY_UNARY(gelu);
+  RETRACE_PY_UNARY(gelu_tanh);
+  RETRACE_PY_UNARY(sin);
+  RETRACE_PY_UNARY(cos);
+  RETRACE_PY_UNARY(square);
+  RETRACE_PY_UNARY(erf);
+#undef RETRACE_PY_UNARY
+
+  ops.def(
+      "clamp",
+      [](const Tensor& a, std::optional<double> lo, std::optional<double> hi, nb::handle out,
+         nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        return with_out(
+            out, [&] { return ops::clamp(a, lo, hi, q); },
+            [&](const Tensor& o) { ops::clamp(a, lo, hi, o, q); }, "clamp");
+      },
+      nb::arg("a"), nb::arg("min") = nb::none(), nb::arg("max") = nb::none(), nb::kw_only(),
+      nb::arg("out") = nb::none(), nb::arg("queue") = nb::none());
+
+#define RETRACE_PY_REDUCE(name)                                                                 \
+  ops.def(                                                                                      \
+      #name,                                                                                    \
+      [](const Tensor& a, std::int64_t dim, bool keepdim, nb::handle queue) {                   \
+        return ops::name(a, dim, keep(keepdim), parse_queue(queue));                            \
+      },                                                                                        \
+      nb::arg("a"), nb::arg("dim") = -1, nb::arg("keepdim") = false, nb::kw_only(),             \
+      nb::arg("queue") = nb::none(), "Reduction along `dim` (default: the last).")
+  RETRACE_PY_REDUCE(sum);
+  RETRACE_PY_REDUCE(mean);
+  RETRACE_PY_REDUCE(max);
+  RETRACE_PY_REDUCE(min);
+#undef RETRACE_PY_REDUCE
+  ops.def(
+      "var",
+      [](const Tensor& a, std::int64_t dim, double correction, bool keepdim, nb::handle queue) {
+        return ops::var(a, dim, correction, keep(keepdim), parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dim") = -1, nb::kw_only(), nb::arg("correction") = 1.0,
+      nb::arg("keepdim") = false, nb::arg("queue") = nb::none());
+  ops.def(
+      "std",
+      [](const Tensor& a, std::int64_t dim, double correction, bool keepdim, nb::handle queue) {
+        return ops::std(a, dim, correction, keep(keepdim), parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dim") = -1, nb::kw_only(), nb::arg("correction") = 1.0,
+      nb::arg("keepdim") = false, nb::arg("queue") = nb::none());
+  ops.def(
+      "softmax",
+      [](const Tensor& a, std::int64_t dim, nb::handle out, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        if (!out.is_none()) {
+          const auto rank = static_cast<std::int64_t>(a.shape().rank());
+          RETRACE_CHECK(dim == -1 || dim == rank - 1, invalid_argument,
+                        "softmax: out= is supported along the last dimension only (dim {})", dim);
+        }
+        return with_out(
+            out, [&] { return along(a, dim, q, [&](const Tensor& x) { return ops::softmax(x, q); }); },
+            [&](const Tensor& o) { ops::softmax(a, o, q); }, "softmax");
+      },
+      nb::arg("a"), nb::arg("dim") = -1, nb::kw_only(), nb::arg("out") = nb::none(),
+      nb::arg("queue") = nb::none());
+  ops.def(
+      "log_softmax",
+      [](const Tensor& a, std::int64_t dim, nb::handle queue) {
+        return ops::log_softmax(a, dim, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dim") = -1, nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "layer_norm",
+      [](const Tensor& a, const Tensor* weight, const Tensor* bias, double eps, nb::handle out,
+         nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        const Tensor w = optional_tensor(weight), b = optional_tensor(bias);
+        return with_out(
+            out, [&] { return ops::layer_norm(a, w, b, eps, q); },
+            [&](const Tensor& o) { ops::layer_norm(a, w, b, eps, o, q); }, "layer_norm");
+      },
+      nb::arg("a"), nb::arg("weight").none() = nb::none(), nb::arg("bias").none() = nb::none(),
+      nb::arg("eps") = 1e-5, nb::kw_only(), nb::arg("out") = nb::none(),
+      nb::arg("queue") = nb::none());
+  ops.def(
+      "rms_norm",
+      [](const Tensor& a, const Tensor* weight, double eps, nb::handle out, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        const Tensor w = optional_tensor(weight);
+        return with_out(
+            out, [&] { return ops::rms_norm(a, w, eps, q); },
+            [&](const Tensor& o) { ops::rms_norm(a, w, eps, o, q); }, "rms_norm");
+      },
+      nb::arg("a"), nb::arg("weight").none() = nb::none(), nb::arg("eps") = 1e-6, nb::kw_only(),
+      nb::arg("out") = nb::none(), nb::arg("queue") = nb::none());
+  ops.def(
+      "group_norm",
+      [](const Tensor& x, std::int64_t groups, const Tensor* weight, const Tensor* bias,
+         double eps, nb::handle queue) {
+        return ops::group_norm(x, groups, optional_tensor(weight), optional_tensor(bias), eps,
+                               parse_queue(queue));
+      },
+      nb::arg("x"), nb::arg("groups"), nb::arg("weight").none() = nb::none(),
+      nb::arg("bias").none() = nb::none(), nb::arg("eps") = 1e-5, nb::kw_only(),
+      nb::arg("queue") = nb::none());
+
+  ops.def(
+      "matmul",
+      [](const Tensor& a, const Tensor& b, bool ta, bool tb, nb::handle out, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        const auto tra = ta ? ops::Transpose::yes : ops::Transpose::no;
+        const auto trb = tb ? ops::Transpose::yes : ops::Transpose::no;
+        return with_out(
+            out, [&] { return ops::matmul(a, b, tra, trb, q); },
+            [&](const Tensor& o) { ops::matmul(a, b, o, tra, trb, q); }, "matmul");
+      },
+      nb::arg("a"), nb::arg("b"), nb::kw_only(), nb::arg("transpose_a") = false,
+      nb::arg("transpose_b") = false, nb::arg("out") = nb::none(), nb::arg("queue") = nb::none());
+  ops.def(
+      "linear",
+      [](const Tensor& x, const Tensor& weight, const Tensor* bias, nb::handle out,
+         nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        const Tensor b = optional_tensor(bias);
+        return with_out(
+            out, [&] { return ops::linear(x, weight, b, q); },
+            [&](const Tensor& o) { ops::linear(x, weight, b, o, q); }, "linear");
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::kw_only(),
+      nb::arg("out") = nb::none(), nb::arg("queue") = nb::none(),
+      "x @ weight.T + bias (weight [out, in]).");
+  ops.def(
+      "scaled_dot_product_attention",
+      [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask,
+         std::optional<double> scale, bool is_causal, nb::handle out, nb::handle queue) {
+        const QueueId qu = parse_queue(queue);
+        const Tensor m = optional_tensor(mask);
+        const auto causal = is_causal ? ops::Causal::yes : ops::Causal::no;
+        return with_out(
+            out, [&] { return ops::scaled_dot_product_attention(q, k, v, m, scale, causal, qu); },
+            [&](const Tensor& o) {
+              if (!is_causal) {
+                ops::scaled_dot_product_attention(q, k, v, m, scale, o, qu);
+              } else {
+                ops::copy(ops::scaled_dot_product_attention(q, k, v, m, scale, causal, qu), o, qu);
+              }
+            },
+            "scaled_dot_product_attention");
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none() = nb::none(),
+      nb::kw_only(), nb::arg("scale") = nb::none(), nb::arg("is_causal") = false,
+      nb::arg("out") = nb::none(), nb::arg("queue") = nb::none(),
+      "softmax(q k^T * scale + mask) v; q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv].");
+
+  ops.def(
+      "reshape",
+      [](const Tensor& a, nb::handle shape) {
+        const auto dims = int_list(shape, "reshape", "shape");
+        return ops::reshape(a, std::span<const std::int64_t>(dims));
+      },
+      nb::arg("a"), nb::arg("shape"), "A view with another shape (one extent may be -1).");
+  ops.def(
+      "permute",
+      [](const Tensor& a, nb::handle dims, nb::handle queue) {
+        const auto d = int_list(dims, "permute", "dims");
+        return ops::permute(a, std::span<const std::int64_t>(d), parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dims"), nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "transpose",
+      [](const Tensor& a, std::int64_t d0, std::int64_t d1, nb::handle queue) {
+        return ops::transpose(a, d0, d1, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dim0"), nb::arg("dim1"), nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "slice",
+      [](const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step,
+         nb::handle queue) { return ops::slice(a, dim, start, end, step, parse_queue(queue)); },
+      nb::arg("a"), nb::arg("dim"), nb::arg("start"), nb::arg("end"), nb::arg("step") = 1,
+      nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "split",
+      [](const Tensor& a, nb::handle sizes, std::int64_t dim, nb::handle queue) {
+        const auto s = int_list(sizes, "split", "sizes");
+        return ops::split(a, std::span<const std::int64_t>(s), dim, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("sizes"), nb::arg("dim") = 0, nb::kw_only(),
+      nb::arg("queue") = nb::none());
+  ops.def(
+      "chunk",
+      [](const Tensor& a, std::int64_t chunks, std::int64_t dim, nb::handle queue) {
+        return ops::chunk(a, chunks, dim, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("chunks"), nb::arg("dim") = 0, nb::kw_only(),
+      nb::arg("queue") = nb::none());
+  ops.def(
+      "concat",
+      [](nb::handle tensors, std::int64_t dim, nb::handle queue) {
+        std::vector<Tensor> list;
+        RETRACE_CHECK(nb::isinstance<nb::sequence>(tensors), invalid_argument,
+                      "concat: tensors must be a sequence of retrace.Tensor");
+        std::size_t i = 0;
+        for (nb::handle t : nb::iter(tensors)) {
+          list.push_back(tensor_arg(t, "concat", fmt::format("tensors[{}]", i++)));
+        }
+        return ops::concat(list, dim, parse_queue(queue));
+      },
+      nb::arg("tensors"), nb::arg("dim") = 0, nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.attr("cat") = ops.attr("concat");
+  ops.def(
+      "typecast",
+      [](const Tensor& a, nb::handle dtype, nb::handle queue) {
+        return ops::typecast(a, parse_dtype(dtype), parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dtype"), nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "to_layout",
+      [](const Tensor& a, Layout layout, nb::handle queue) {
+        return ops::to_layout(a, layout, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("layout"), nb::kw_only(), nb::arg("queue") = nb::none());
+}
+
+}  // namespace retrace::python

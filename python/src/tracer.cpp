@@ -1,0 +1,608 @@
+// retrace.Tracer on the C++ TracerCore: inputs and outputs are Python trees (tuple, list, dict
+// with str keys, None, bool, int, float, str, tensors and host arrays). The trees are walked in
+// C++; a replay never calls into Python.
+#include "bindings.hpp"
+
+#include "retrace/error.hpp"
+#include "retrace/tracer.hpp"
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace retrace::python {
+
+// Raises retrace.InvalidType (an InvalidArgument that is also a TypeError).
+[[noreturn]] void throw_invalid_type(const std::string& message);
+
+namespace {
+
+PyTypeObject* tensor_type() {
+  static PyTypeObject* type = reinterpret_cast<PyTypeObject*>(nb::type<Tensor>().ptr());
+  return type;
+}
+bool is_tensor(nb::handle h) { return Py_TYPE(h.ptr()) == tensor_type(); }
+Tensor& tensor_ref(nb::handle h) { return *nb::inst_ptr<Tensor>(h); }
+
+std::string_view str_view(nb::handle key) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(key.ptr(), &size);
+  if (data == nullptr) throw nb::python_error();
+  return {data, static_cast<std::size_t>(size)};
+}
+
+std::string py_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+
+[[noreturn]] void tree_type_error(const TreePath& path, const std::string& what) {
+  throw_invalid_type(fmt::format("{}: {}", path.describe(), what));
+}
+
+bool is_scalar(nb::handle h) {
+  return h.is_none() || PyBool_Check(h.ptr()) || PyLong_CheckExact(h.ptr()) ||
+         PyFloat_CheckExact(h.ptr()) || PyUnicode_CheckExact(h.ptr());
+}
+
+// A host tensor for a slot: float arrays take the slot's floating dtype (numpy has no bfloat16).
+Tensor host_for_slot(nb::handle array, const Tensor& slot, const TreePath& path) {
+  const std::string where = path.describe();
+  Tensor host = host_tensor_from_array(array, std::nullopt, where);
+  if (host.dtype() != slot.dtype() && dtype_info(host.dtype()).is_floating &&
+      dtype_info(slot.dtype()).is_floating) {
+    host = host_tensor_from_array(array, slot.dtype(), where);
+  }
+  return host;
+}
+
+nb::dict stats_dict(const TraceStats& s) {
+  nb::dict d;
+  d["captures"] = s.captures;
+  d["replays"] = s.replays;
+  d["evictions"] = s.evictions;
+  d["live_traces"] = s.live_traces;
+  d["trace_bytes"] = s.trace_bytes;
+  d["bytes_refreshed"] = s.bytes_refreshed;
+  d["copies"] = s.copies;
+  d["copies_skipped"] = s.copies_skipped;
+  return d;
+}
+
+// Interned names of the call-time keywords.
+struct CallKeywords {
+  nb::object traced = nb::steal(PyUnicode_InternFromString("traced"));
+  nb::object cq_id = nb::steal(PyUnicode_InternFromString("tracer_cq_id"));
+  nb::object blocking = nb::steal(PyUnicode_InternFromString("tracer_blocking_execution"));
+  nb::object execute = nb::steal(PyUnicode_InternFromString("tracer_execute_on_capture"));
+};
+const CallKeywords& call_keywords() {
+  static const CallKeywords* keywords = new CallKeywords();
+  return *keywords;
+}
+
+// Removes `key` from `kwargs` and returns its value (an invalid handle when absent).
+nb::object pop(nb::handle kwargs, nb::handle key) {
+  PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), key.ptr());
+  if (value == nullptr) {
+    if (PyErr_Occurred() != nullptr) throw nb::python_error();
+    return {};
+  }
+  nb::object out = nb::borrow(value);
+  if (PyDict_DelItem(kwargs.ptr(), key.ptr()) != 0) throw nb::python_error();
+  return out;
+}
+
+}  // namespace
+
+class PyTracer {
+ public:
+  PyTracer(nb::object function, nb::handle device, nb::handle devices, bool prep_run,
+           bool clone_prep_inputs, std::string name)
+      : core_(resolve_devices(device, devices), make_options(prep_run, clone_prep_inputs, name)),
+        function_(std::move(function)) {
+    if (!devices.is_none()) {
+      for (nb::handle d : nb::iter(devices)) device_objects_.append(d);
+    } else {
+      device_objects_.append(device);
+    }
+    RETRACE_CHECK(PyCallable_Check(function_.ptr()) != 0, invalid_argument,
+                  "Tracer: the function must be callable, got {}", py_type_name(function_));
+  }
+  ~PyTracer() { release_trace(); }
+
+  nb::object call(nb::args args, nb::kwargs kwargs) {
+    drain_released_references();
+    CallOptions options;
+    bool traced = true;
+    if (PyDict_GET_SIZE(kwargs.ptr()) != 0) {
+      const auto& k = call_keywords();
+      if (nb::object v = pop(kwargs, k.traced); v.is_valid()) traced = nb::cast<bool>(v);
+      if (nb::object v = pop(kwargs, k.cq_id); v.is_valid()) options.queue = parse_queue(v);
+      if (nb::object v = pop(kwargs, k.blocking); v.is_valid()) {
+        options.blocking = nb::cast<bool>(v) ? Blocking::yes : Blocking::no;
+      }
+      if (nb::object v = pop(kwargs, k.execute); v.is_valid()) {
+        options.execute_on_capture = nb::cast<bool>(v);
+      }
+    }
+    if (options.queue == kDefaultQueue) options.queue = QueueId{0};
+    if (!traced) return untraced(args, kwargs);
+    core_.require_devices_open("call");
+    core_.start_call();
+    if (core_.state() == TracerState::captured) return replay(options, args, kwargs);
+    return capture(options, args, kwargs);
+  }
+
+  [[nodiscard]] bool trace_captured() const noexcept {
+    return core_.state() == TracerState::captured;
+  }
+  [[nodiscard]] bool has_function() const noexcept { return !function_.is_none(); }
+
+  // {0: args[0], 1: args[1], ..., "name": kwargs["name"]}: the input slots once captured, the
+  // last untraced call's inputs before.
+  [[nodiscard]] nb::dict inputs() const {
+    nb::dict out;
+    if (args_.is_valid()) {
+      std::size_t i = 0;
+      for (nb::handle a : nb::borrow<nb::tuple>(args_)) out[nb::int_(i++)] = a;
+    }
+    if (kwargs_.is_valid()) {
+      for (auto [key, value] : nb::borrow<nb::dict>(kwargs_)) out[key] = value;
+    }
+    return out;
+  }
+  [[nodiscard]] nb::object outputs() const { return outputs_.is_valid() ? outputs_ : nb::none(); }
+  [[nodiscard]] nb::dict stats() const { return stats_dict(core_.stats()); }
+  [[nodiscard]] std::string last_capture_reason() const { return core_.last_capture_reason(); }
+  [[nodiscard]] std::size_t trace_bytes() const { return core_.trace_bytes(); }
+  [[nodiscard]] nb::list devices() const { return device_objects_; }
+  [[nodiscard]] const std::string& name() const { return core_.options().name; }
+
+  void release_trace() noexcept {
+    if (!core_.release()) return;
+    slots_.clear();
+    stamped_.clear();
+    args_ = {};
+    kwargs_ = {};
+    outputs_ = {};
+  }
+  void release_function() noexcept { function_ = nb::none(); }
+
+ private:
+  static std::vector<Device*> resolve_devices(nb::handle device, nb::handle devices) {
+    RETRACE_CHECK(device.is_none() != devices.is_none(), invalid_argument,
+                  "Tracer: exactly one of 'device' or 'devices' must be provided");
+    std::vector<Device*> out;
+    if (!device.is_none()) {
+      out.push_back(&device_of(device, "Tracer"));
+    } else {
+      RETRACE_CHECK(nb::isinstance<nb::sequence>(devices), invalid_argument,
+                    "Tracer: devices must be a sequence of retrace.Device");
+      for (nb::handle d : nb::iter(devices)) out.push_back(&device_of(d, "Tracer"));
+      RETRACE_CHECK(!out.empty(), invalid_argument, "Tracer: devices is empty");
+    }
+    return out;
+  }
+  static TraceOptions make_options(bool prep_run, bool clone_prep_inputs, std::string name) {
+    TraceOptions options;
+    options.prep_run = prep_run;
+    options.clone_prep_inputs = clone_prep_inputs;
+    if (!name.empty()) options.name = std::move(name);
+    return options;
+  }
+
+  nb::object untraced(nb::args args, nb::kwargs kwargs) {
+    RETRACE_CHECK(has_function(), failed_precondition,
+                  "tracer '{}': untraced execution is not possible after the function was "
+                  "released (release_function)",
+                  name());
+    RETRACE_CHECK(!trace_captured(), failed_precondition,
+                  "tracer '{}': untraced execution is not allowed once a trace is captured "
+                  "(call release_trace() first)",
+                  name());
+    args_ = args;
+    kwargs_ = kwargs;
+    return function_(*args, **kwargs);
+  }
+
+  // --- capture ---------------------------------------------------------------------------------
+
+  // Pass 1: checks every leaf and turns host arrays into host tensors (no device work).
+  nb::object check_input(const TreePath& path, nb::handle value) {
+    if (is_tensor(value)) {
+      core_.check_capture_input(path, tensor_ref(value));
+      return nb::borrow(value);
+    }
+    if (is_scalar(value)) return nb::borrow(value);
+    if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
+      const bool tuple = PyTuple_CheckExact(value.ptr());
+      nb::list items;
+      std::size_t i = 0;
+      for (nb::handle item : nb::iter(value)) items.append(check_input(path.at(i++), item));
+      return tuple ? nb::object(nb::tuple(items)) : nb::object(items);
+    }
+    if (PyDict_CheckExact(value.ptr())) {
+      nb::dict out;
+      for (auto [key, item] : nb::borrow<nb::dict>(value)) {
+        if (!PyUnicode_CheckExact(key.ptr())) {
+          tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced "
+                                            "inputs and outputs are strings",
+                                            py_type_name(key)));
+        }
+        out[key] = check_input(path.key(str_view(key)), item);
+      }
+      return out;
+    }
+    if (is_array_like(value)) {
+      Tensor host = host_tensor_from_array(value, std::nullopt, path.describe());
+      core_.check_capture_input(path, host);
+      return nb::cast(std::move(host));
+    }
+    tree_type_error(path, fmt::format("has unsupported type {} (traced inputs are retrace "
+                                      "tensors, arrays, int, float, bool, str and None, in "
+                                      "tuples, lists and dicts)",
+                                      py_type_name(value)));
+  }
+
+  // Maps every tensor leaf through f (containers rebuilt; scalars shared).
+  template <class F>
+  static nb::object map_tensors(nb::handle value, F& f) {
+    if (is_tensor(value)) return f(tensor_ref(value));
+    if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
+      nb::list items;
+      for (nb::handle item : nb::iter(value)) items.append(map_tensors(item, f));
+      return PyTuple_CheckExact(value.ptr()) ? nb::object(nb::tuple(items)) : nb::object(items);
+    }
+    if (PyDict_CheckExact(value.ptr())) {
+      nb::dict out;
+      for (auto [key, item] : nb::borrow<nb::dict>(value)) out[key] = map_tensors(item, f);
+      return out;
+    }
+    return nb::borrow(value);
+  }
+
+  // Tensor leaves in walk order (tuple/list order, dict insertion order).
+  static void collect_tensors(nb::handle value, std::vector<Tensor*>& out) {
+    if (is_tensor(value)) {
+      out.push_back(&tensor_ref(value));
+    } else if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
+      for (nb::handle item : nb::iter(value)) collect_tensors(item, out);
+    } else if (PyDict_CheckExact(value.ptr())) {
+      for (auto [key, item] : nb::borrow<nb::dict>(value)) collect_tensors(item, out);
+    }
+  }
+
+  void check_outputs(const TreePath& path, nb::handle value) {
+    if (is_tensor(value)) {
+      core_.check_output(path, tensor_ref(value));
+    } else if (is_scalar(value)) {
+    } else if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
+      std::size_t i = 0;
+      for (nb::handle item : nb::iter(value)) check_outputs(path.at(i++), item);
+    } else if (PyDict_CheckExact(value.ptr())) {
+      for (auto [key, item] : nb::borrow<nb::dict>(value)) {
+        if (!PyUnicode_CheckExact(key.ptr())) {
+          tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced "
+                                            "inputs and outputs are strings",
+                                            py_type_name(key)));
+        }
+        check_outputs(path.key(str_view(key)), item);
+      }
+    } else {
+      tree_type_error(path, fmt::format("has unsupported type {} (a traced function returns "
+                                        "retrace tensors, int, float, bool, str and None, in "
+                                        "tuples, lists and dicts)",
+                                        py_type_name(value)));
+    }
+  }
+
+  nb::object capture(const CallOptions& options, nb::args args, nb::kwargs kwargs) {
+    core_.require_function(has_function(), "capture a trace");
+    DefaultQueueScope queue_scope(options.queue);
+    const TreePath args_root = TreePath::root("args", "input");
+    const TreePath kwargs_root = TreePath::root("kwargs", "input");
+    // Every leaf is checked before anything moves to a device.
+    nb::list checked_args;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      checked_args.append(check_input(args_root.at(i), args[i]));
+    }
+    nb::dict checked_kwargs;
+    for (auto [key, value] : kwargs) {
+      checked_kwargs[key] = check_input(kwargs_root.key(str_view(key)), value);
+    }
+    core_.start_placing();
+    auto place = [&](const Tensor& t) {
+      return nb::cast(core_.place_capture_input(t, options.queue));
+    };
+    nb::tuple slot_args = nb::borrow<nb::tuple>(map_tensors(nb::tuple(checked_args), place));
+    nb::dict slot_kwargs = nb::borrow<nb::dict>(map_tensors(checked_kwargs, place));
+
+    if (core_.options().prep_run) {
+      if (core_.options().clone_prep_inputs) {
+        auto clone = [&](const Tensor& t) { return nb::cast(t.clone(options.queue)); };
+        nb::object prep_args = map_tensors(slot_args, clone);
+        nb::object prep_kwargs = map_tensors(slot_kwargs, clone);
+        (void)function_(*prep_args, **prep_kwargs);
+      } else {
+        (void)function_(*slot_args, **slot_kwargs);
+      }
+    }
+
+    core_.begin_capture(options.queue);
+    nb::object outputs;
+    try {
+      outputs = function_(*slot_args, **slot_kwargs);
+      core_.end_capture(options.queue);
+    } catch (...) {
+      core_.abort_capture(options.queue);
+      throw;
+    }
+    try {
+      check_outputs(TreePath::root("outputs", "output"), outputs);
+    } catch (...) {
+      core_.abort_capture(options.queue);
+      throw;
+    }
+    args_ = slot_args;
+    kwargs_ = slot_kwargs;
+    outputs_ = outputs;
+    slots_.clear();
+    collect_tensors(args_, slots_);
+    collect_tensors(kwargs_, slots_);
+    std::vector<const Buffer*> buffers;
+    buffers.reserve(slots_.size());
+    for (const Tensor* slot : slots_) buffers.push_back(slot->buffer().get());
+    core_.set_slots(std::move(buffers));
+    core_.mark_captured();
+    std::vector<Tensor*> outs;
+    collect_tensors(outputs_, outs);
+    stamped_.clear();
+    for (Tensor* t : outs) {
+      if (core_.stamps_output(*t)) stamped_.push_back(t);
+    }
+    if (options.execute_on_capture) {
+      try {
+        execute(options);
+      } catch (...) {
+        release_trace();
+        throw;
+      }
+      stamp();
+    }
+    return outputs_;
+  }
+
+  // --- replay ----------------------------------------------------------------------------------
+
+  void match(const TreePath& path, nb::handle slot, nb::handle value) {
+    if (is_tensor(slot)) {
+      const Tensor& s = tensor_ref(slot);
+      if (is_tensor(value)) {
+        const Tensor& in = tensor_ref(value);
+        core_.check_replay_input(path, s, in);
+        incoming_.push_back(in);
+      } else if (!is_scalar(value) && !PyTuple_Check(value.ptr()) && !PyList_Check(value.ptr()) &&
+                 !PyDict_Check(value.ptr()) && is_array_like(value)) {
+        Tensor host = host_for_slot(value, s, path);
+        core_.check_replay_input(path, s, host);
+        incoming_.push_back(std::move(host));
+      } else {
+        tree_type_error(path, fmt::format("is a {}, the captured input is a tensor",
+                                          py_type_name(value)));
+      }
+      return;
+    }
+    PyObject* sp = slot.ptr();
+    PyObject* vp = value.ptr();
+    if (PyTuple_CheckExact(sp) || PyList_CheckExact(sp)) {
+      if (Py_TYPE(vp) != Py_TYPE(sp)) {
+        tree_type_error(path, fmt::format("is a {}, the captured input is a {}", py_type_name(value),
+                                          py_type_name(slot)));
+      }
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(sp);
+      if (PySequence_Fast_GET_SIZE(vp) != n) {
+        throw_tree_error(path, fmt::format("has {} elements, the captured input has {}",
+                                           PySequence_Fast_GET_SIZE(vp), n));
+      }
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        match(path.at(static_cast<std::size_t>(i)), PySequence_Fast_GET_ITEM(sp, i),
+              PySequence_Fast_GET_ITEM(vp, i));
+      }
+      return;
+    }
+    if (PyDict_CheckExact(sp)) {
+      if (!PyDict_CheckExact(vp)) {
+        tree_type_error(path, fmt::format("is a {}, the captured input is a dict", py_type_name(value)));
+      }
+      check_same_keys(path, slot, value);
+      Py_ssize_t pos = 0;
+      PyObject* key = nullptr;
+      PyObject* item = nullptr;
+      while (PyDict_Next(sp, &pos, &key, &item)) {
+        match(path.key(str_view(key)), item, PyDict_GetItem(vp, key));
+      }
+      return;
+    }
+    // Scalars: same type, same value (values are baked into the trace).
+    if (Py_TYPE(vp) != Py_TYPE(sp)) {
+      tree_type_error(path, fmt::format("is a {}, the captured input is a {}", py_type_name(value),
+                                        py_type_name(slot)));
+    }
+    if (PyFloat_CheckExact(sp)) {
+      const double a = PyFloat_AS_DOUBLE(sp), b = PyFloat_AS_DOUBLE(vp);
+      if (a == b || (std::isnan(a) && std::isnan(b))) return;
+    } else if (sp == vp) {
+      return;
+    } else {
+      const int equal = PyObject_RichCompareBool(sp, vp, Py_EQ);
+      if (equal < 0) throw nb::python_error();
+      if (equal == 1) return;
+    }
+    throw_tree_error(path, fmt::format("value {} does not match the captured value {} (values "
+                                       "are baked into the trace; pass a tensor, or use a trace "
+                                       "key for values that change)",
+                                       nb::repr(value).c_str(), nb::repr(slot).c_str()));
+  }
+
+  static void check_same_keys(const TreePath& path, nb::handle slot, nb::handle value) {
+    bool same = PyDict_GET_SIZE(slot.ptr()) == PyDict_GET_SIZE(value.ptr());
+    if (same) {
+      Py_ssize_t pos = 0;
+      PyObject* key = nullptr;
+      PyObject* item = nullptr;
+      while (same && PyDict_Next(slot.ptr(), &pos, &key, &item)) {
+        same = PyDict_Contains(value.ptr(), key) == 1;
+      }
+    }
+    if (same) return;
+    auto keys = [](nb::handle d) {
+      nb::list k = nb::list(nb::iter(d));
+      k.sort();
+      return std::string(nb::repr(k).c_str());
+    };
+    tree_type_error(path, fmt::format("keys {} do not match the captured keys {}", keys(value),
+                                      keys(slot)));
+  }
+
+  nb::object replay(const CallOptions& options, nb::args args, nb::kwargs kwargs) {
+    const auto slot_args = nb::borrow<nb::tuple>(args_);
+    if (args.size() != slot_args.size()) {
+      throw_invalid_type(fmt::format("tracer '{}': expected {} positional arguments, got {}",
+                                     name(), slot_args.size(), args.size()));
+    }
+    incoming_.clear();
+    // Every leaf is checked before any slot changes.
+    const TreePath args_root = TreePath::root("args", "input");
+    for (std::size_t i = 0; i < args.size(); ++i) match(args_root.at(i), slot_args[i], args[i]);
+    if (PyDict_GET_SIZE(kwargs.ptr()) != 0 || PyDict_GET_SIZE(kwargs_.ptr()) != 0) {
+      const TreePath kwargs_root = TreePath::root("kwargs", "input");
+      try {
+        check_same_keys(kwargs_root, kwargs_, kwargs);
+      } catch (const nb::python_error&) {
+        throw;
+      }
+      Py_ssize_t pos = 0;
+      PyObject* key = nullptr;
+      PyObject* item = nullptr;
+      while (PyDict_Next(kwargs_.ptr(), &pos, &key, &item)) {
+        match(kwargs_root.key(str_view(key)), item, PyDict_GetItem(kwargs.ptr(), key));
+      }
+    }
+    // An incoming tensor that is another input's slot is copied aside before any slot changes.
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (incoming_[i].buffer() != slots_[i]->buffer() &&
+          core_.needs_snapshot(*slots_[i], incoming_[i])) {
+        incoming_[i] = incoming_[i].clone(options.queue);
+      }
+    }
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      core_.refresh(*slots_[i], incoming_[i], options.queue);
+    }
+    incoming_.clear();
+    execute(options);
+    core_.note_replay();
+    stamp();
+    return outputs_;
+  }
+
+  void execute(const CallOptions& options) {
+    if (options.blocking == Blocking::yes) {
+      nb::gil_scoped_release release;
+      core_.execute(options);
+    } else {
+      core_.execute(options);
+    }
+  }
+
+  void stamp() noexcept {
+    core_.next_version();
+    for (Tensor* output : stamped_) core_.stamp_output(*output);
+  }
+
+  detail::TracerCore core_;
+  nb::object function_;
+  nb::list device_objects_;
+  nb::object args_;    // tuple: the slots once captured
+  nb::object kwargs_;  // dict
+  nb::object outputs_;
+  std::vector<Tensor*> slots_;    // the tensors inside args_ and kwargs_, in walk order
+  std::vector<Tensor*> stamped_;  // the outputs in the trace's memory
+  std::vector<Tensor> incoming_;  // scratch of one replay
+};
+
+namespace {
+
+// A string that identifies the structure, tensor properties and scalar values of a call's
+// inputs (what an automatic trace key selects by).
+void signature_of(nb::handle value, std::string& out) {
+  if (is_tensor(value)) {
+    const Tensor& t = tensor_ref(value);
+    out += fmt::format("T{}{}{}@{};", t.shape(), dtype_name(t.dtype()), layout_name(t.layout()),
+                       t.on_host() ? std::uint64_t{0} : t.buffer()->link().uid);
+  } else if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
+    out += PyTuple_CheckExact(value.ptr()) ? "(" : "[";
+    for (nb::handle item : nb::iter(value)) signature_of(item, out);
+    out += PyTuple_CheckExact(value.ptr()) ? ")" : "]";
+  } else if (PyDict_CheckExact(value.ptr())) {
+    out += "{";
+    nb::list keys = nb::list(nb::iter(value));
+    keys.sort();
+    for (nb::handle key : keys) {
+      out += nb::repr(key).c_str();
+      out += ":";
+      signature_of(nb::borrow<nb::dict>(value)[key], out);
+    }
+    out += "}";
+  } else if (is_scalar(value)) {
+    out += py_type_name(value);
+    out += "=";
+    out += nb::repr(value).c_str();
+    out += ";";
+  } else if (is_array_like(value)) {
+    const Tensor host = host_tensor_from_array(value, std::nullopt, "signature");
+    out += fmt::format("A{}{};", host.shape(), dtype_name(host.dtype()));
+  } else {
+    out += "?";
+    out += py_type_name(value);
+    out += ";";
+  }
+}
+
+}  // namespace
+
+void bind_tracer(nb::module_& m) {
+  nb::class_<PyTracer>(m, "Tracer",
+                       "Captures a function's device work on the first traced call and replays "
+                       "it on every later one. Outputs are the same objects on every call.")
+      .def(nb::init<nb::object, nb::handle, nb::handle, bool, bool, std::string>(),
+           nb::arg("function"), nb::kw_only(), nb::arg("device") = nb::none(),
+           nb::arg("devices") = nb::none(), nb::arg("prep_run") = true,
+           nb::arg("clone_prep_inputs") = true, nb::arg("name") = "")
+      .def("__call__", &PyTracer::call,
+           "tracer(*args, traced=True, tracer_cq_id=0, tracer_blocking_execution=True, "
+           "tracer_execute_on_capture=True, **kwargs)")
+      .def_prop_ro("trace_captured", &PyTracer::trace_captured)
+      .def_prop_ro("has_function", &PyTracer::has_function)
+      .def_prop_ro("inputs", &PyTracer::inputs)
+      .def_prop_ro("outputs", &PyTracer::outputs)
+      .def_prop_ro("stats", &PyTracer::stats)
+      .def_prop_ro("last_capture_reason", &PyTracer::last_capture_reason)
+      .def_prop_ro("trace_bytes", &PyTracer::trace_bytes)
+      .def_prop_ro("devices", &PyTracer::devices)
+      .def_prop_ro("name", &PyTracer::name)
+      .def("release_trace", &PyTracer::release_trace)
+      .def("release_function", &PyTracer::release_function);
+
+  m.def(
+      "_signature",
+      [](nb::args args, nb::kwargs kwargs) {
+        std::string out;
+        signature_of(args, out);
+        signature_of(kwargs, out);
+        return out;
+      },
+      "The input signature an automatic trace key uses.");
+}
+
+}  // namespace retrace::python
