@@ -2,7 +2,7 @@
 # Both install missing Debian packages first (scripts/setup.sh) and build what they need.
 JOBS ?= $(shell nproc)
 
-.PHONY: all setup build demo test test-release test-asan test-tsan bench clean
+.PHONY: all setup build demo test test-release test-python python demo-python test-asan test-tsan bench clean
 
 all: build
 
@@ -16,10 +16,23 @@ build: setup
 demo: build
 	./build/bin/retrace demo
 
-test: test-release test-asan test-tsan
+test: test-release test-python test-asan test-tsan
 
 test-release: build
 	ctest --preset default -j $(JOBS)
+
+# The Python package, built by pip (scikit-build-core + nanobind) into the project's virtual
+# environment (.venv, made by scripts/python-env.sh); its build tree is build-python/.
+PYTHON := .venv/bin/python
+python: setup
+	scripts/python-env.sh
+	$(PYTHON) -m pip install -q --no-build-isolation .
+
+test-python: python
+	cd python/tests && ../../$(PYTHON) -m pytest -q
+
+demo-python: python
+	$(PYTHON) -m retrace.demo
 
 test-asan: setup
 	cmake --preset asan
@@ -38,6 +51,8 @@ bench:
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer
+	$(MAKE) python
+	$(PYTHON) bench/python/call_overhead.py --json build/bench_python_calls.json
 
 clean:
-	rm -rf build build-debug build-asan build-tsan
+	rm -rf build build-debug build-asan build-tsan build-python

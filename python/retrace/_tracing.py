@@ -101,6 +101,20 @@ def _is_tracer_valid_value(value: Any) -> bool:
     return hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__")
 
 
+def _bind_weakly(fn: Callable[..., Any], context: Any, label: str) -> Callable[..., Any]:
+    """fn with its first argument bound to a weak reference of context: the tracer (kept in a
+    WeakKeyDictionary under the context) must not keep the context alive, or neither would die."""
+    ref = weakref.ref(context)
+
+    def bound(*args: Any, **kwargs: Any) -> Any:
+        target = ref()
+        if target is None:
+            raise _core.FailedPrecondition(f"{label}: the object this trace belongs to was deleted")
+        return fn(target, *args, **kwargs)
+
+    return bound
+
+
 def _is_context(value: Any) -> bool:
     return not _is_tracer_valid_value(value)
 
@@ -258,7 +272,7 @@ def traced_function(
 
                 def make() -> _core.Tracer:
                     dev = device(context) if callable(device) else device
-                    return make_tracer(functools.partial(fn, context), dev)
+                    return make_tracer(_bind_weakly(fn, context, label), dev)
 
                 return store.get(key, make)(*rest, **kwargs, **call_kwargs)
             raise TypeError(

@@ -1,0 +1,178 @@
+"""retrace.ops from Python: results against numpy, keywords, out=, errors."""
+import math
+
+import numpy as np
+import pytest
+
+import retrace
+from retrace import ops
+
+
+def dev(device, a, dtype=None):
+    return retrace.from_numpy(np.ascontiguousarray(a), device=device, dtype=dtype)
+
+
+BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "maximum": np.maximum, "minimum": np.minimum,
+}
+UNARY = {
+    "neg": np.negative, "abs": np.abs, "exp": np.exp, "sqrt": np.sqrt, "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, 0), "sin": np.sin, "cos": np.cos, "square": np.square,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "silu": lambda x: x / (1 + np.exp(-x)),
+    "erf": np.vectorize(math.erf),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("shapes", [((2, 3), (2, 3)), ((4, 1, 3), (5, 1)), ((0, 3), (1, 3)), ((1,), ())])
+def test_binary_broadcasting(device, rng, name, shapes):
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.standard_normal(shapes[1]).astype(np.float32) + 3.0
+    op = getattr(ops, name)
+    got = op(dev(device, a), dev(device, b)).numpy()
+    np.testing.assert_allclose(got, BINARY[name](a, b).astype(np.float32), rtol=1e-6)
+    scalar = op(dev(device, a), 2.5).numpy()
+    np.testing.assert_allclose(scalar, BINARY[name](a, np.float32(2.5)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(device, rng, name):
+    a = np.abs(rng.standard_normal((3, 7))).astype(np.float32) + 0.1
+    got = getattr(ops, name)(dev(device, a)).numpy()
+    expected = UNARY[name](a.astype(np.float64))
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
+
+
+def test_out_forms_and_in_place(device, rng):
+    a = rng.standard_normal((4, 8)).astype(np.float32)
+    x = dev(device, a)
+    out = retrace.empty((4, 8), device=device)
+    assert ops.add(x, 1.0, out=out) is out
+    np.testing.assert_allclose(out.numpy(), a + 1, rtol=1e-6)
+    ops.mul(x, 2.0, out=x)  # in place
+    np.testing.assert_allclose(x.numpy(), a * 2, rtol=1e-6)
+    ops.exp(x, out=out)
+    np.testing.assert_allclose(out.numpy(), np.exp(a * 2), rtol=2e-6)
+    ops.softmax(x, out=x)
+    np.testing.assert_allclose(x.numpy().sum(-1), np.ones(4), rtol=1e-5)
+    w = dev(device, rng.standard_normal((3, 8)).astype(np.float32))
+    lin = retrace.empty((4, 3), device=device)
+    ops.linear(x, w, out=lin)
+    np.testing.assert_allclose(lin.numpy(), x.numpy() @ w.numpy().T, rtol=1e-5, atol=1e-6)
+    with pytest.raises(retrace.InvalidArgument, match="matmul"):
+        ops.matmul(x, w, transpose_b=True, out=x)  # wrong shape
+    with pytest.raises(retrace.InvalidArgument, match="out must be a retrace.Tensor"):
+        ops.add(x, 1.0, out=np.zeros((4, 8), np.float32))
+
+
+def test_reductions_and_norms(device, rng):
+    a = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    x = dev(device, a)
+    for dim in (0, 1, -1):
+        np.testing.assert_allclose(ops.sum(x, dim).numpy(), a.sum(dim), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ops.mean(x, dim=dim, keepdim=True).numpy(),
+                                   a.mean(dim, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(ops.max(x, dim).numpy(), a.max(dim))
+        np.testing.assert_array_equal(ops.min(x, dim).numpy(), a.min(dim))
+        np.testing.assert_allclose(ops.var(x, dim).numpy(), a.var(dim, ddof=1), rtol=1e-5)
+        np.testing.assert_allclose(ops.std(x, dim, correction=0).numpy(), a.std(dim), rtol=1e-5)
+        sm = np.exp(a - a.max(dim, keepdims=True))
+        sm /= sm.sum(dim, keepdims=True)
+        np.testing.assert_allclose(ops.softmax(x, dim).numpy(), sm, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(ops.log_softmax(x, dim).numpy(), np.log(sm), rtol=1e-5, atol=1e-6)
+    mu = a.mean(-1, keepdims=True)
+    ln = (a - mu) / np.sqrt(a.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(ops.layer_norm(x).numpy(), ln, rtol=1e-4, atol=1e-5)
+    w = rng.standard_normal(5).astype(np.float32)
+    rms = a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(ops.rms_norm(x, dev(device, w)).numpy(), rms, rtol=1e-4, atol=1e-5)
+    g = rng.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    grouped = g.reshape(2, 2, -1)
+    gn = ((grouped - grouped.mean(-1, keepdims=True)) / np.sqrt(grouped.var(-1, keepdims=True) + 1e-5)).reshape(g.shape)
+    np.testing.assert_allclose(ops.group_norm(dev(device, g), 2).numpy(), gn, rtol=1e-4, atol=1e-5)
+    empty = dev(device, np.zeros((2, 0), np.float32))
+    np.testing.assert_array_equal(ops.sum(empty).numpy(), [0, 0])
+    assert np.isnan(ops.mean(empty).numpy()).all()
+
+
+def test_matmul_attention_shapes(device, rng):
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    np.testing.assert_allclose(ops.matmul(dev(device, a), dev(device, b)).numpy(), a @ b, rtol=1e-5, atol=1e-6)
+    v = rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_allclose(ops.matmul(dev(device, v), dev(device, b)).numpy(), v @ b, rtol=1e-5, atol=1e-6)
+    q, k, vv = (rng.standard_normal((1, 2, 6, 8)).astype(np.float32) for _ in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(8)
+    causal = np.triu(np.full((6, 6), -np.inf, np.float32), 1)
+    for mask, is_causal in ((None, False), (None, True)):
+        scores = s + (causal if is_causal else 0)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        got = ops.scaled_dot_product_attention(dev(device, q), dev(device, k), dev(device, vv),
+                                               mask, is_causal=is_causal).numpy()
+        np.testing.assert_allclose(got, p @ vv, rtol=1e-4, atol=1e-5)
+    out = retrace.empty((1, 2, 6, 8), device=device)
+    ops.scaled_dot_product_attention(dev(device, q), dev(device, k), dev(device, vv), is_causal=True, out=out)
+    np.testing.assert_allclose(out.numpy(), got, rtol=0, atol=0)
+
+
+def test_shape_ops(device, rng):
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    x = dev(device, a)
+    np.testing.assert_array_equal(ops.reshape(x, (6, -1)).numpy(), a.reshape(6, -1))
+    np.testing.assert_array_equal(ops.permute(x, (2, 0, 1)).numpy(), a.transpose(2, 0, 1))
+    np.testing.assert_array_equal(ops.transpose(x, 0, 2).numpy(), a.swapaxes(0, 2))
+    np.testing.assert_array_equal(ops.slice(x, 2, 1, 4, 2).numpy(), a[:, :, 1:4:2])
+    parts = ops.split(x, [1, 3], dim=2)
+    np.testing.assert_array_equal(parts[1].numpy(), a[:, :, 1:])
+    chunks = ops.chunk(x, 3, dim=1)
+    assert len(chunks) == 3
+    np.testing.assert_array_equal(ops.concat(chunks, 1).numpy(), a)
+    np.testing.assert_array_equal(ops.cat([x, x], dim=0).numpy(), np.concatenate([a, a]))
+    i = ops.typecast(x, retrace.int32)
+    assert i.dtype == retrace.int32
+    t = ops.to_layout(x, retrace.TILE_LAYOUT)
+    np.testing.assert_array_equal(ops.to_layout(t, retrace.ROW_MAJOR_LAYOUT).numpy(), a)
+    f = ops.full((2, 2), 1.5, device)
+    np.testing.assert_array_equal(f.numpy(), np.full((2, 2), 1.5, np.float32))
+    ops.fill(f, -3)
+    np.testing.assert_array_equal(ops.zeros([3], device, dtype="int32").numpy(), [0, 0, 0])
+    np.testing.assert_array_equal(f.numpy(), np.full((2, 2), -3, np.float32))
+    c = ops.clamp(x, min=-0.5, max=0.5)
+    np.testing.assert_array_equal(c.numpy(), np.clip(a, -0.5, 0.5))
+    np.testing.assert_array_equal(ops.clamp(x, max=0.0).numpy(), np.minimum(a, 0))
+
+
+def test_integer_ops(device):
+    a = dev(device, np.array([7, -7, np.iinfo(np.int32).min, 5], np.int32))
+    b = dev(device, np.array([2, 2, -1, 0], np.int32))
+    np.testing.assert_array_equal(ops.div(a, b).numpy(), [3, -3, np.iinfo(np.int32).min, 0])
+    with pytest.raises(retrace.InvalidArgument, match="whole number"):
+        ops.mul(a, 0.5)
+
+
+def test_errors_name_the_op(device):
+    x = dev(device, np.zeros((2, 3), np.float32))
+    with pytest.raises(retrace.InvalidArgument, match="reshape") as info:
+        ops.reshape(x, (4, 4))
+    assert isinstance(info.value, ValueError) and info.value.category == "invalid argument"
+    with pytest.raises(retrace.InvalidArgument, match="add"):
+        ops.add(x, dev(device, np.zeros((4,), np.float32)))
+    with pytest.raises(retrace.InvalidArgument, match="b must be a retrace.Tensor or a number"):
+        ops.add(x, "one")
+    with pytest.raises(retrace.InvalidArgument, match="permute: dims must be a sequence"):
+        ops.permute(x, "01")
+    with pytest.raises(TypeError):
+        ops.add(np.zeros(3), 1.0)  # numpy arrays are not tensors: from_numpy first
+    with pytest.raises(retrace.InvalidArgument, match="host"):
+        ops.add(retrace.from_numpy(np.zeros(3, np.float32)), 1.0)
+    with pytest.raises(retrace.InvalidArgument, match="queue 99 is out of range"):
+        ops.add(x, 1.0, queue=99)
+
+
+def test_assert_finite_becomes_device_error(device):
+    x = dev(device, np.array([1.0, np.nan], np.float32))
+    ops.assert_finite(x)
+    with pytest.raises(retrace.DeviceError, match="assert_finite"):
+        device.synchronize()
