@@ -18,8 +18,8 @@ one of several traces of the same context).
 
 retrace's additions (decorator keywords): ``auto_key=True`` keys traces by the input signature
 (shapes, dtypes, layouts, devices, scalar values), so a new shape captures a new trace instead of
-failing; ``max_traces`` bounds the live traces per context (least recently used released
-first); ``name`` names the tracers in errors. ``wrapper.explain()`` lists the live traces.
+failing; ``max_traces`` and ``max_trace_bytes`` bound the live traces per context and their
+trace memory (least recently used released first); ``name`` names the tracers in errors. ``wrapper.explain()`` lists the live traces.
 """
 
 from __future__ import annotations
@@ -101,6 +101,15 @@ def _is_tracer_valid_value(value: Any) -> bool:
     return hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__")
 
 
+def _call(store: _TraceStore, tracer: _core.Tracer, args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> Any:
+    captured = tracer.trace_captured
+    out = tracer(*args, **kwargs)
+    if not captured:
+        store.trim_bytes()
+    return out
+
+
 def _bind_weakly(fn: Callable[..., Any], context: Any, label: str) -> Callable[..., Any]:
     """fn with its first argument bound to a weak reference of context: the tracer (kept in a
     WeakKeyDictionary under the context) must not keep the context alive, or neither would die."""
@@ -123,8 +132,9 @@ class _TraceStore:
     """The tracers of one context (or one bound identity): by trace key, least recently used
     first, within the decorator's bound."""
 
-    def __init__(self, max_traces: int) -> None:
+    def __init__(self, max_traces: int, max_trace_bytes: int) -> None:
         self.max_traces = max_traces
+        self.max_trace_bytes = max_trace_bytes
         self.tracers: OrderedDict[Any, _core.Tracer] = OrderedDict()
         self.evictions = 0
 
@@ -136,10 +146,22 @@ class _TraceStore:
         self.tracers.move_to_end(key)
         if self.max_traces:
             while len(self.tracers) > self.max_traces:
-                _, old = self.tracers.popitem(last=False)
-                old.release_trace()
-                self.evictions += 1
+                self._evict_oldest()
         return tracer
+
+    def trim_bytes(self) -> None:
+        """After a capture: releases the least recently used traces while the live ones hold more
+        than max_trace_bytes (the newest always stays)."""
+        if not self.max_trace_bytes:
+            return
+        while len(self.tracers) > 1 and sum(
+                t.trace_bytes for t in self.tracers.values()) > self.max_trace_bytes:
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        _, old = self.tracers.popitem(last=False)
+        old.release_trace()
+        self.evictions += 1
 
     def release(self) -> None:
         for tracer in self.tracers.values():
@@ -156,6 +178,7 @@ def traced_function(
     clone_prep_inputs: bool = True,
     auto_key: bool = False,
     max_traces: int = 0,
+    max_trace_bytes: int = 0,
     name: str | None = None,
 ) -> Any:
     """Makes a function or method traceable: ``f(..., traced=True)`` captures on the first call
@@ -163,8 +186,9 @@ def traced_function(
     three device modes and the call-time keywords."""
     if inject_mesh_device and device is not None:
         raise ValueError("@traced_function: inject_mesh_device=True cannot be combined with device=")
-    if max_traces < 0:
-        raise ValueError(f"@traced_function: max_traces must be >= 0, got {max_traces}")
+    if max_traces < 0 or max_trace_bytes < 0:
+        raise ValueError("@traced_function: max_traces and max_trace_bytes must be >= 0, got "
+                         f"{max_traces} and {max_trace_bytes}")
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn)
@@ -247,13 +271,13 @@ def traced_function(
                 entry = by_identity.get(identity)
                 if entry is None:
                     # The values are held, so their ids cannot be reused by other objects.
-                    entry = (identity_values, _TraceStore(max_traces))
+                    entry = (identity_values, _TraceStore(max_traces, max_trace_bytes))
                     by_identity[identity] = entry
                 store = entry[1]
                 key = trace_key(explicit_key, bound.args, bound.kwargs)
                 tracer = store.get(
                     key, lambda: make_tracer(functools.partial(fn, **bind_values), dev))
-                return tracer(*bound.args, **bound.kwargs, **call_kwargs)
+                return _call(store, tracer, bound.args, {**bound.kwargs, **call_kwargs})
 
             # Mode 1: the first positional argument is the context.
             if args and _is_context(args[0]):
@@ -261,7 +285,7 @@ def traced_function(
                 try:
                     store = by_context.get(context)
                     if store is None:
-                        store = _TraceStore(max_traces)
+                        store = _TraceStore(max_traces, max_trace_bytes)
                         by_context[context] = store
                 except TypeError as error:
                     raise TypeError(
@@ -274,7 +298,7 @@ def traced_function(
                     dev = device(context) if callable(device) else device
                     return make_tracer(_bind_weakly(fn, context, label), dev)
 
-                return store.get(key, make)(*rest, **kwargs, **call_kwargs)
+                return _call(store, store.get(key, make), rest, {**kwargs, **call_kwargs})
             raise TypeError(
                 f"@traced_function: {label} was called with traced=True and device= was given at "
                 "decoration, but the first positional argument is not a context to bind (it is a "

@@ -243,6 +243,28 @@ std::vector<std::int64_t> dims_from(nb::handle shape, std::string_view what) {
   return dims;
 }
 
+// a <op> b for the Python operators (b a Tensor or a number).
+Tensor binary_operator(const Tensor& a, nb::handle b, std::string_view op) {
+  using TensorOp = Tensor (*)(const Tensor&, const Tensor&, QueueId);
+  using ScalarOp = Tensor (*)(const Tensor&, double, QueueId);
+  struct Entry {
+    std::string_view name;
+    TensorOp tensor;
+    ScalarOp scalar;
+  };
+  static const Entry table[] = {
+      {"add", &ops::add, &ops::add}, {"sub", &ops::sub, &ops::sub}, {"mul", &ops::mul, &ops::mul},
+      {"div", &ops::div, &ops::div}, {"pow", &ops::pow, &ops::pow}};
+  for (const Entry& e : table) {
+    if (e.name != op) continue;
+    if (nb::isinstance<Tensor>(b)) return e.tensor(a, *nb::inst_ptr<Tensor>(b), kDefaultQueue);
+    double scalar = 0;
+    if (!nb::try_cast(b, scalar)) throw nb::next_overload();
+    return e.scalar(a, scalar, kDefaultQueue);
+  }
+  throw nb::next_overload();
+}
+
 }  // namespace
 
 // --- PyDevice -----------------------------------------------------------------------------------
@@ -493,7 +515,20 @@ void bind_tensors(nb::module_& m) {
           "to_host", [](const Tensor& t, nb::handle queue) { return t.to_host(parse_queue(queue)); },
           nb::arg("queue") = nb::none())
       .def("tolist", [](const Tensor& t) { return tensor_numpy(t, nb::none()).attr("tolist")(); })
-      .def("__repr__", &Tensor::to_string);
+      .def("__repr__", &Tensor::to_string)
+      // Arithmetic operators are the ops (numpy broadcasting; a number on either side).
+      .def("__add__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "add"); })
+      .def("__radd__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "add"); })
+      .def("__sub__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "sub"); })
+      .def("__rsub__",
+           [](const Tensor& a, double b) { return ops::neg(ops::sub(a, b)); })
+      .def("__mul__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "mul"); })
+      .def("__rmul__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "mul"); })
+      .def("__truediv__",
+           [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "div"); })
+      .def("__pow__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "pow"); })
+      .def("__neg__", [](const Tensor& a) { return ops::neg(a); })
+      .def("__matmul__", [](const Tensor& a, const Tensor& b) { return ops::matmul(a, b); });
 
   m.def(
       "from_numpy",

@@ -170,6 +170,21 @@ class PyTracer {
   }
   void release_function() noexcept { function_ = nb::none(); }
 
+  // Garbage collection: a tracer whose function refers back to it (a closure, a method of an
+  // object that holds it) forms a cycle the collector can break.
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(function_.ptr());
+    Py_VISIT(device_objects_.ptr());
+    Py_VISIT(args_.ptr());
+    Py_VISIT(kwargs_.ptr());
+    Py_VISIT(outputs_.ptr());
+    return 0;
+  }
+  void clear() noexcept {
+    release_trace();
+    function_ = nb::none();
+  }
+
  private:
   static std::vector<Device*> resolve_devices(nb::handle device, nb::handle devices) {
     RETRACE_CHECK(device.is_none() != devices.is_none(), invalid_argument,
@@ -572,10 +587,26 @@ void signature_of(nb::handle value, std::string& out) {
 
 }  // namespace
 
+namespace {
+int tracer_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<PyTracer>(self)->traverse(visit, arg);
+}
+int tracer_clear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<PyTracer>(self)->clear();
+  return 0;
+}
+PyType_Slot tracer_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(tracer_traverse)},
+                              {Py_tp_clear, reinterpret_cast<void*>(tracer_clear)},
+                              {0, nullptr}};
+}  // namespace
+
 void bind_tracer(nb::module_& m) {
   nb::class_<PyTracer>(m, "Tracer",
                        "Captures a function's device work on the first traced call and replays "
-                       "it on every later one. Outputs are the same objects on every call.")
+                       "it on every later one. Outputs are the same objects on every call.",
+                       nb::type_slots(tracer_slots))
       .def(nb::init<nb::object, nb::handle, nb::handle, bool, bool, std::string>(),
            nb::arg("function"), nb::kw_only(), nb::arg("device") = nb::none(),
            nb::arg("devices") = nb::none(), nb::arg("prep_run") = true,

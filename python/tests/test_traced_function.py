@@ -211,3 +211,22 @@ def test_device_parameter_must_be_a_device_on_first_call(device):
 
     with pytest.raises(TypeError, match="'mesh_device' must be a retrace.Device, got NoneType"):
         f(dev(device, [1]), None, traced=True)
+
+
+def test_max_trace_bytes(device):
+    class M:
+        def __init__(self, device):
+            self.device = device
+
+        @retrace.traced_function(device=lambda self: self.device, auto_key=True,
+                                 max_trace_bytes=1)
+        def step(self, x):
+            return ops.add(x, 1.0)
+
+    m = M(device)
+    for n in (1, 2, 3):
+        out = m.step(dev(device, [1] * n), traced=True)
+        np.testing.assert_array_equal(out.numpy(), [2] * n)
+    assert len(M.step.tracers()) == 1  # the bound keeps only the newest trace
+    with pytest.raises(ValueError, match="must be >= 0"):
+        retrace.traced_function(device=device, max_trace_bytes=-1)
