@@ -48,6 +48,8 @@ from ._core import (  # noqa: F401
 )
 from ._tracing import StateTensor, traced_function  # noqa: F401
 
+__version__ = "0.1.0"
+
 __all__ = [
     "DType", "Layout", "Device", "Tensor", "Tracer", "StateTensor", "traced_function",
     "Error", "InvalidArgument", "InvalidType", "FailedPrecondition", "CaptureViolation",

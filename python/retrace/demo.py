@@ -327,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         traced_median = float(np.median(traced_ms)) if traced_ms else capture_ms
         print(f"  traced  median {traced_median:.2f} ms/step "
               f"(first step, with capture: {capture_ms:.1f} ms)")
+        tracer = next(t for t in DiT.sample_step.tracers() if t.trace_captured
+                      and t.inputs[0].shape == (1, config.in_channels, size, size))
+        info = tracer.trace_info()[0]
+        print(f"  trace {info['id']}: {info['commands']} commands, "
+              f"{info['bytes'] / 2**20:.1f} MiB of private trace memory, "
+              f"{info['external_buffers']} outside buffers")
         identical = (traced_final.shape == eager_final.shape
                      and traced_final.tobytes() == eager_final.tobytes())
         print(f"  final latents ({traced_final.size} values): traced "

@@ -485,7 +485,13 @@ void bind_tensors(nb::module_& m) {
            "(bfloat16 comes out as float32).")
       .def(
           "__array__",
-          [](const Tensor& t, nb::handle dtype, nb::handle) {
+          [](const Tensor& t, nb::handle dtype, nb::handle copy) {
+            const bool view = t.on_host() && t.layout() == Layout::row_major &&
+                              t.dtype() != DType::bfloat16;
+            if (!copy.is_none() && !nb::cast<bool>(copy) && !view) {
+              throw nb::value_error("retrace.Tensor: numpy needs a copy of this tensor (device "
+                                    "memory, tile layout or bfloat16), but copy=False");
+            }
             nb::object array = tensor_numpy(t, nb::none());
             if (!dtype.is_none()) array = array.attr("astype")(dtype);
             return array;

@@ -128,6 +128,17 @@ class PyTracer {
       }
     }
     if (options.queue == kDefaultQueue) options.queue = QueueId{0};
+    // One call at a time: a replay releases the GIL while the device runs, and the function
+    // of a capture may call anything; a second call meanwhile would corrupt the tracer's state.
+    RETRACE_CHECK(!busy_, failed_precondition,
+                  "tracer '{}' was called while a call of it is still running (from another "
+                  "thread, or from inside its own function); a tracer runs one call at a time",
+                  name());
+    busy_ = true;
+    struct Done {
+      bool& flag;
+      ~Done() { flag = false; }
+    } done{busy_};
     if (!traced) return untraced(args, kwargs);
     core_.require_devices_open("call");
     core_.start_call();
@@ -158,6 +169,27 @@ class PyTracer {
   [[nodiscard]] std::string last_capture_reason() const { return core_.last_capture_reason(); }
   [[nodiscard]] std::size_t trace_bytes() const { return core_.trace_bytes(); }
   [[nodiscard]] nb::list devices() const { return device_objects_; }
+  // Per device: the captured trace's id, commands, private memory and outside buffers.
+  [[nodiscard]] nb::list trace_info() const {
+    nb::list out;
+    const auto& ids = core_.trace_ids();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      Device* device = core_.devices()[i];
+      const TraceInfo info = device->trace_info(ids[i]);
+      nb::dict d;
+      d["device"] = device->name();
+      d["id"] = info.id.value;
+      d["commands"] = info.commands;
+      d["bytes"] = info.bytes;
+      d["pool_buffers"] = info.pool_buffers;
+      d["external_buffers"] = info.external_buffers;
+      nb::list ops;
+      for (std::string_view op : info.ops) ops.append(nb::str(op.data(), op.size()));
+      d["ops"] = ops;
+      out.append(d);
+    }
+    return out;
+  }
   [[nodiscard]] const std::string& name() const { return core_.options().name; }
 
   void release_trace() noexcept {
@@ -545,6 +577,7 @@ class PyTracer {
   std::vector<Tensor*> slots_;    // the tensors inside args_ and kwargs_, in walk order
   std::vector<Tensor*> stamped_;  // the outputs in the trace's memory
   std::vector<Tensor> incoming_;  // scratch of one replay
+  bool busy_ = false;             // a call is running
 };
 
 namespace {
@@ -622,6 +655,9 @@ void bind_tracer(nb::module_& m) {
       .def_prop_ro("last_capture_reason", &PyTracer::last_capture_reason)
       .def_prop_ro("trace_bytes", &PyTracer::trace_bytes)
       .def_prop_ro("devices", &PyTracer::devices)
+      .def("trace_info", &PyTracer::trace_info,
+           "Per device: id, commands, bytes (private trace memory), pool_buffers, "
+           "external_buffers and the op of each command.")
       .def_prop_ro("name", &PyTracer::name)
       .def("release_trace", &PyTracer::release_trace)
       .def("release_function", &PyTracer::release_function);

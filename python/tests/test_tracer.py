@@ -320,3 +320,27 @@ def test_tensor_operators(device):
     np.testing.assert_array_equal((x @ m).numpy(), a)
     with pytest.raises(TypeError):
         x + "one"
+
+
+def test_reentrant_call_is_refused(device):
+    holder = {}
+
+    def f(x):
+        return holder["t"](x)  # calls its own tracer during the capture
+
+    holder["t"] = retrace.Tracer(f, device=device, prep_run=False)
+    with pytest.raises(retrace.FailedPrecondition, match="one call at a time"):
+        holder["t"](dev(device, [1]))
+    assert not holder["t"].trace_captured
+    holder.clear()
+
+
+def test_trace_info_and_array_copy_flag(device):
+    tracer = retrace.Tracer(lambda x: ops.exp(ops.add(x, 1.0)), device=device)
+    tracer(dev(device, [0]))
+    (info,) = tracer.trace_info()
+    assert info["device"] == "cpu:0" and info["commands"] == 2 and info["ops"] == ["add", "exp"]
+    host = retrace.from_numpy(np.ones(2, np.float32))
+    assert np.asarray(host, copy=False) is not None  # a view
+    with pytest.raises(ValueError, match="copy=False"):
+        np.asarray(dev(device, [1]), copy=False)
