@@ -3,6 +3,9 @@
 // command, an edge from the last earlier command that used one of its buffers.
 #include "model_options.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -43,7 +46,79 @@ void write_dot(const std::string& path, const TraceInfo& info,
 
 }  // namespace
 
-int run_inspect(ModelOptions& o, const std::string& dot_path) {
+// The profile of a replay: time by op, the slowest commands, and optionally a Chrome trace file
+// with one replay's commands laid end to end at their median times.
+void print_profile(const TraceProfile& p, const std::string& json_path) {
+  double sum = 0;
+  for (double ns : p.command_ns) sum += ns;
+  std::printf("profile: %zu timed replays; median replay %.3f ms, sum of the commands' medians "
+              "%.3f ms\n",
+              p.replays, p.replay_ns / 1e6, sum / 1e6);
+  struct OpTime {
+    std::size_t count = 0;
+    double ns = 0;
+  };
+  std::map<std::string_view, OpTime> by_op;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    by_op[p.ops[i]].count += 1;
+    by_op[p.ops[i]].ns += p.command_ns[i];
+  }
+  std::vector<std::pair<double, std::string_view>> ops;
+  for (const auto& [op, t] : by_op) ops.emplace_back(t.ns, op);
+  std::sort(ops.rbegin(), ops.rend());
+  std::printf("time by op (median per replay):\n  %-30s %8s %11s %7s %10s\n", "op", "commands",
+              "ms", "share", "us/command");
+  for (const auto& [ns, op] : ops) {
+    const OpTime& t = by_op[op];
+    std::printf("  %-30.*s %8zu %11.3f %6.1f%% %10.1f\n", static_cast<int>(op.size()), op.data(),
+                t.count, ns / 1e6, sum > 0 ? 100.0 * ns / sum : 0.0,
+                ns / 1e3 / static_cast<double>(t.count));
+  }
+  std::vector<std::size_t> order(p.ops.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return p.command_ns[a] > p.command_ns[b]; });
+  std::printf("slowest commands:\n");
+  for (std::size_t k = 0; k < std::min<std::size_t>(10, order.size()); ++k) {
+    const std::size_t i = order[k];
+    std::printf("  #%-5zu %-30.*s %10.1f us %6.1f%%\n", i, static_cast<int>(p.ops[i].size()),
+                p.ops[i].data(), p.command_ns[i] / 1e3,
+                sum > 0 ? 100.0 * p.command_ns[i] / sum : 0.0);
+  }
+  if (json_path.empty()) return;
+  nlohmann::json events = nlohmann::json::array();
+  double at_us = 0;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const double dur_us = p.command_ns[i] / 1e3;
+    events.push_back({{"name", std::string(p.ops[i])},
+                      {"cat", "command"},
+                      {"ph", "X"},
+                      {"ts", at_us},
+                      {"dur", dur_us},
+                      {"pid", 1},
+                      {"tid", 1},
+                      {"args", {{"command", i}, {"median_ns", p.command_ns[i]}}}});
+    at_us += dur_us;
+  }
+  nlohmann::json doc = {{"traceEvents", events},
+                        {"displayTimeUnit", "ms"},
+                        {"otherData",
+                         {{"trace", p.trace.value},
+                          {"replays", p.replays},
+                          {"replay_median_ns", p.replay_ns}}}};
+  std::ofstream out(json_path);
+  RETRACE_CHECK(out.good(), invalid_argument, "inspect: cannot write {}", json_path);
+  out << doc.dump(1) << "\n";
+  RETRACE_CHECK(out.good(), invalid_argument, "inspect: writing {} failed", json_path);
+  std::printf("wrote %s (one replay at median command times; open in ui.perfetto.dev or "
+              "chrome://tracing)\n",
+              json_path.c_str());
+}
+
+int run_inspect(ModelOptions& o, const InspectOptions& inspect) {
+  const std::string& dot_path = inspect.dot_path;
+  RETRACE_CHECK(inspect.trace_json.empty() || inspect.profile, invalid_argument,
+                "inspect: --trace-json needs --profile");
   auto device = open_device(o);
   auto model = make_model(o, *device);
   const models::DiTConfig& c = model->config();
@@ -99,6 +174,9 @@ int run_inspect(ModelOptions& o, const std::string& dot_path) {
     write_dot(dot_path, info, inputs, output.address());
     std::printf("wrote %s (render: dot -Tpng %s -o trace.png)\n", dot_path.c_str(),
                 dot_path.c_str());
+  }
+  if (inspect.profile) {
+    print_profile(device->profile_trace(trace, kDefaultQueue, inspect.replays), inspect.trace_json);
   }
   return 0;
 }

@@ -14,7 +14,7 @@
 
 namespace retrace::cli {
 int run_demo(ModelOptions& options, const DemoOptions& demo);
-int run_inspect(ModelOptions& options, const std::string& dot_path);
+int run_inspect(ModelOptions& options, const InspectOptions& inspect);
 }  // namespace retrace::cli
 
 namespace {
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     retrace::cli::ModelOptions demo_options, inspect_options;
     inspect_options.config.depth = 2;
-    std::string dot_path;
+    retrace::cli::InspectOptions inspect_extra;
     CLI::App* demo = app.add_subcommand(
         "demo", "class-conditional sampling with a diffusion transformer (DiT), eager and traced, "
         "compared");
@@ -61,7 +61,17 @@ int main(int argc, char** argv) {
     CLI::App* inspect =
         app.add_subcommand("inspect", "capture one denoising step, print its trace");
     retrace::cli::add_model_options(*inspect, inspect_options);
-    inspect->add_option("--dot", dot_path, "write a Graphviz graph of the trace to this file");
+    inspect->add_option("--dot", inspect_extra.dot_path,
+                        "write a Graphviz graph of the trace to this file");
+    inspect->add_flag("--profile", inspect_extra.profile,
+                      "replay the trace with every command timed; print time by op and the "
+                      "slowest commands");
+    inspect->add_option("--replays", inspect_extra.replays,
+                        "timed replays of --profile (medians are reported)")
+        ->check(retrace::cli::whole_number(1, 100000));
+    inspect->add_option("--trace-json", inspect_extra.trace_json,
+                        "with --profile: write a Chrome/Perfetto trace of one replay (open it in "
+                        "ui.perfetto.dev or chrome://tracing)");
     std::string json_path, plot_path;
     std::vector<std::string> sizes{"S", "M", "L"};
     std::vector<std::string> isas;
@@ -110,7 +120,7 @@ int main(int argc, char** argv) {
       return retrace::bench::run_libtorch_peer(sizes.at(0), libtorch_peer, repeats, steps);
     }
     if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, isas, repeats, steps);
-    return retrace::cli::run_inspect(inspect_options, dot_path);
+    return retrace::cli::run_inspect(inspect_options, inspect_extra);
   } catch (const retrace::cli::DeviceUnavailable& e) {
     return fail(e.what(), 3);
   } catch (const retrace::Error& e) {

@@ -33,6 +33,14 @@ struct DemoOptions {
   std::string preview;      // PNG of the final latents; default dit_sample.png with --weights
 };
 
+// retrace inspect's options.
+struct InspectOptions {
+  std::string dot_path;     // Graphviz graph of the trace
+  bool profile = false;     // time every command over `replays` replays
+  std::size_t replays = 20;
+  std::string trace_json;   // with profile: a Chrome/Perfetto trace file of one replay
+};
+
 // "must be a whole number from MIN to MAX": checked before CLI11 converts the text, so a
 // usage error names the option and the allowed range in words a person would write.
 CLI::Validator whole_number(std::int64_t min, std::int64_t max);

@@ -111,6 +111,11 @@ class Backend {
   // Replays after the queue's earlier work. Blocking::yes returns once it ran and throws the
   // queue's failure. Several threads may replay one trace on different queues at once.
   virtual void execute(BackendTrace& trace, TraceId id, QueueId queue, Blocking blocking) = 0;
+  // One blocking replay with each command timed: command_ns[i] gets the nanoseconds command i
+  // took (command_ns has one entry per command). Backends that cannot time single commands
+  // keep this default, which reports that.
+  virtual void execute_timed(BackendTrace& trace, TraceId id, QueueId queue,
+                             std::span<std::uint64_t> command_ns);
   // Waits for the trace's replays in flight, then frees what it holds. No replay starts after.
   virtual void release(BackendTrace& trace, TraceId id) noexcept = 0;
 

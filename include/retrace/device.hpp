@@ -179,6 +179,17 @@ struct TraceInfo {
   std::vector<std::vector<std::uint64_t>> command_buffers;
 };
 
+// Where a trace's replay spends its time: each command timed on its own over several replays
+// (Device::profile_trace). Timing each command adds a clock read per command, so the sum of
+// the commands' times is close to, not exactly, the time of an untimed replay.
+struct TraceProfile {
+  TraceId trace{};
+  std::size_t replays = 0;
+  std::vector<std::string_view> ops;  // op name of each command, in recorded order
+  std::vector<double> command_ns;     // median time of each command over the replays
+  double replay_ns = 0;               // median time of one whole timed replay
+};
+
 enum class Capability : std::uint8_t {
   trace_capture,        // begin/end/execute/release_trace
   events,               // record_event / wait_event
@@ -245,6 +256,10 @@ class Device final {
   void release_trace(TraceId trace);
   [[nodiscard]] bool has_trace(TraceId trace) const;
   [[nodiscard]] TraceInfo trace_info(TraceId trace) const;
+  // Replays the trace `replays` times on `queue` (blocking, after the queue's earlier work) with
+  // every command timed; a profile per command (see TraceProfile). unimplemented on backends
+  // that cannot time single commands (CUDA runs a trace as one graph).
+  [[nodiscard]] TraceProfile profile_trace(TraceId trace, QueueId queue, std::size_t replays = 10);
   [[nodiscard]] std::vector<TraceId> live_traces() const;
   [[nodiscard]] bool is_capturing() const noexcept;
   [[nodiscard]] std::optional<TraceId> capturing_trace(QueueId queue) const;

@@ -169,6 +169,34 @@ class PyTracer {
   [[nodiscard]] std::string last_capture_reason() const { return core_.last_capture_reason(); }
   [[nodiscard]] std::size_t trace_bytes() const { return core_.trace_bytes(); }
   [[nodiscard]] nb::list devices() const { return device_objects_; }
+  // Per device: the trace replayed `replays` times with every command timed.
+  [[nodiscard]] nb::list profile(std::size_t replays) {
+    core_.require_devices_open("profile");
+    core_.require_captured("profile");
+    nb::list out;
+    const auto& ids = core_.trace_ids();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      Device* device = core_.devices()[i];
+      TraceProfile p;
+      {
+        nb::gil_scoped_release release;
+        p = device->profile_trace(ids[i], QueueId{0}, replays);
+      }
+      nb::dict d;
+      d["device"] = device->name();
+      d["replays"] = p.replays;
+      d["replay_ns"] = p.replay_ns;
+      nb::list ops, ns;
+      for (std::size_t c = 0; c < p.ops.size(); ++c) {
+        ops.append(nb::str(p.ops[c].data(), p.ops[c].size()));
+        ns.append(p.command_ns[c]);
+      }
+      d["ops"] = ops;
+      d["command_ns"] = ns;
+      out.append(d);
+    }
+    return out;
+  }
   // Per device: the captured trace's id, commands, private memory and outside buffers.
   [[nodiscard]] nb::list trace_info() const {
     nb::list out;
@@ -655,6 +683,9 @@ void bind_tracer(nb::module_& m) {
       .def_prop_ro("last_capture_reason", &PyTracer::last_capture_reason)
       .def_prop_ro("trace_bytes", &PyTracer::trace_bytes)
       .def_prop_ro("devices", &PyTracer::devices)
+      .def("profile", &PyTracer::profile, nb::arg("replays") = 10,
+           "Per device: the trace replayed `replays` times with every command timed: ops, "
+           "command_ns (medians), replay_ns.")
       .def("trace_info", &PyTracer::trace_info,
            "Per device: id, commands, bytes (private trace memory), pool_buffers, "
            "external_buffers and the op of each command.")

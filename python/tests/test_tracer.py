@@ -344,3 +344,14 @@ def test_trace_info_and_array_copy_flag(device):
     assert np.asarray(host, copy=False) is not None  # a view
     with pytest.raises(ValueError, match="copy=False"):
         np.asarray(dev(device, [1]), copy=False)
+
+
+def test_profile(device):
+    tracer = retrace.Tracer(lambda x: ops.exp(ops.add(x, 1.0)), device=device)
+    with pytest.raises(retrace.FailedPrecondition):
+        tracer.profile()
+    out = tracer(dev(device, [0, 1]))
+    (p,) = tracer.profile(replays=3)
+    assert p["ops"] == ["add", "exp"] and len(p["command_ns"]) == 2 and p["replays"] == 3
+    assert p["replay_ns"] > 0
+    np.testing.assert_allclose(out.numpy(), np.exp([1, 2]), rtol=1e-6)

@@ -5,6 +5,7 @@
 #include "retrace/error.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 namespace retrace {
@@ -523,6 +524,50 @@ void Device::execute_trace(TraceId trace, QueueId queue, Blocking blocking) {
   c.commands_executed.fetch_add(record->info.commands, std::memory_order_relaxed);
   c.traces_executed.fetch_add(1, std::memory_order_relaxed);
   if (blocking == Blocking::yes) report_memory_damage();
+}
+
+void Backend::execute_timed(BackendTrace&, TraceId id, QueueId, std::span<std::uint64_t>) {
+  RETRACE_FAIL(unimplemented,
+               "profile_trace: the {} backend cannot time the commands of trace {} one by one",
+               name(), id);
+}
+
+TraceProfile Device::profile_trace(TraceId trace, QueueId queue, std::size_t replays) {
+  queue = resolve_queue(queue, "profile_trace");
+  detail::DeviceCore& c = *core_;
+  std::shared_ptr<detail::TraceRecord> record = find_record(c, *this, trace, "profile_trace");
+  RETRACE_CHECK(replays >= 1 && replays <= 1'000'000, invalid_argument,
+                "profile_trace: replays must be from 1 to 1000000, got {}", replays);
+  check_not_capturing("profile_trace");
+  report_memory_damage();
+  const std::size_t commands = record->info.commands;
+  TraceProfile profile;
+  profile.trace = trace;
+  profile.replays = replays;
+  profile.ops = record->info.ops;
+  std::vector<std::vector<std::uint64_t>> samples(commands, std::vector<std::uint64_t>(replays));
+  std::vector<std::uint64_t> one(commands);
+  std::vector<double> totals(replays);
+  for (std::size_t r = 0; r < replays; ++r) {
+    std::fill(one.begin(), one.end(), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    c.backend->execute_timed(*record->backend, trace, queue, one);
+    totals[r] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    for (std::size_t i = 0; i < commands; ++i) samples[i][r] = one[i];
+    c.commands_executed.fetch_add(commands, std::memory_order_relaxed);
+    c.traces_executed.fetch_add(1, std::memory_order_relaxed);
+  }
+  report_memory_damage();
+  auto median = [](auto values) {
+    std::sort(values.begin(), values.end());
+    const std::size_t n = values.size();
+    return n % 2 == 1 ? static_cast<double>(values[n / 2])
+                      : (static_cast<double>(values[n / 2 - 1]) + static_cast<double>(values[n / 2])) / 2;
+  };
+  profile.command_ns.reserve(commands);
+  for (const auto& s : samples) profile.command_ns.push_back(median(s));
+  profile.replay_ns = median(totals);
+  return profile;
 }
 
 void Device::release_trace(TraceId trace) {

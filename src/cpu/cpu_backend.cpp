@@ -178,6 +178,22 @@ class CpuBackend final : public Backend {
     if (blocking == Blocking::yes) report_errors(queue);
   }
 
+  void execute_timed(BackendTrace& base, TraceId id, QueueId queue,
+                     std::span<std::uint64_t> command_ns) override {
+    auto& trace = static_cast<CpuTrace&>(base);
+    report_errors(queue);
+    {
+      std::lock_guard lock(trace.mutex);
+      RETRACE_CHECK(trace.program, failed_precondition,
+                    "profile_trace: trace {} on {} was released while this call was starting", id,
+                    device().name());
+      RETRACE_ASSERT(command_ns.size() == trace.program->size(), "one time per command");
+      trace.last_submission[queue.value] =
+          queue_at(queue).run_timed(trace.program, command_ns.data());
+    }
+    report_errors(queue);
+  }
+
   void release(BackendTrace& base, TraceId) noexcept override {
     auto& trace = static_cast<CpuTrace&>(base);
     std::lock_guard lock(trace.mutex);

@@ -2,6 +2,7 @@
 
 #include "retrace/error.hpp"
 
+#include <chrono>
 #include <cstring>
 #include <new>
 
@@ -16,11 +17,23 @@ void Program::append(KernelFn fn, const char* op, const void* params, std::size_
   ops.push_back(op);
 }
 
-std::size_t Program::run(std::string& error) const noexcept {
+std::size_t Program::run(std::string& error, std::uint64_t* command_ns) const noexcept {
   const CommandSlot* slot = stream.data();
   const CommandSlot* const end = slot + stream.size();
   std::size_t index = 0;
   try {
+    if (command_ns != nullptr) {
+      for (; slot != end; ++index) {
+        const auto* header = std::launder(reinterpret_cast<const CommandHeader*>(slot));
+        const auto t0 = std::chrono::steady_clock::now();
+        header->fn(reinterpret_cast<const std::byte*>(slot + 1));
+        command_ns[index] += static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                .count());
+        slot += header->slots;
+      }
+      return index;
+    }
     for (; slot != end; ++index) {
       const auto* header = std::launder(reinterpret_cast<const CommandHeader*>(slot));
       header->fn(reinterpret_cast<const std::byte*>(slot + 1));

@@ -42,7 +42,8 @@ struct Program {
   void append(KernelFn fn, const char* op, const void* params, std::size_t params_size);
   [[nodiscard]] std::size_t size() const noexcept { return ops.size(); }
   // Runs every command; returns the index of the one that threw (with its message) or size().
-  std::size_t run(std::string& error) const noexcept;
+  // With `command_ns` (size() entries), each command's time is added to its entry.
+  std::size_t run(std::string& error, std::uint64_t* command_ns = nullptr) const noexcept;
 };
 
 // Maps a launch to the CPU kernel that runs it (specialised by dtype and operation), from the

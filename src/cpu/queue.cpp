@@ -101,7 +101,7 @@ std::shared_ptr<Program> CpuQueue::end_capture() {
 void CpuQueue::flush_locked() {
   retired_.clear();  // programs the worker finished: their buffers are freed on this thread
   if (!open_batch_) return;
-  push_locked(Item{Kind::program, 0, std::move(open_batch_), nullptr});
+  push_locked(Item{Kind::program, 0, std::move(open_batch_), nullptr, nullptr});
   open_batch_.reset();
 }
 
@@ -124,7 +124,7 @@ std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking 
   std::unique_lock lock(mutex_);
   flush_locked();
   if (blocking == Blocking::no || mode_ == ExecutionMode::inline_) {
-    return push_locked(Item{Kind::program, 0, std::move(program), nullptr});
+    return push_locked(Item{Kind::program, 0, std::move(program), nullptr, nullptr});
   }
   // Blocking: run on this thread once the queue's earlier work is done.
   Item item{Kind::program, next_seq_++, std::move(program), nullptr};
@@ -133,16 +133,26 @@ std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking 
   return item.seq;
 }
 
+std::uint64_t CpuQueue::run_timed(std::shared_ptr<const Program> program,
+                                  std::uint64_t* command_ns) {
+  std::unique_lock lock(mutex_);
+  flush_locked();
+  Item item{Kind::program, next_seq_++, std::move(program), nullptr, command_ns};
+  lock.unlock();
+  run_in_turn(item);
+  return item.seq;
+}
+
 void CpuQueue::signal(std::shared_ptr<CpuEventState> event) {
   std::lock_guard lock(mutex_);
   flush_locked();
-  push_locked(Item{Kind::signal, 0, nullptr, std::move(event)});
+  push_locked(Item{Kind::signal, 0, nullptr, std::move(event), nullptr});
 }
 
 void CpuQueue::wait(std::shared_ptr<const detail::EventState> event) {
   std::lock_guard lock(mutex_);
   flush_locked();
-  push_locked(Item{Kind::wait, 0, nullptr, std::move(event)});
+  push_locked(Item{Kind::wait, 0, nullptr, std::move(event), nullptr});
 }
 
 void CpuQueue::wait_idle() {
@@ -185,7 +195,7 @@ void CpuQueue::run_in_turn(const Item& item) {
 void CpuQueue::run(const Item& item) noexcept {
   switch (item.kind) {
     case Kind::program:
-      if (!failed_.load()) run_program(*item.program);
+      if (!failed_.load()) run_program(*item.program, item.command_ns);
       break;
     case Kind::signal:  // fires even after a failure, so waiters never hang
       std::const_pointer_cast<CpuEventState>(
@@ -198,9 +208,9 @@ void CpuQueue::run(const Item& item) noexcept {
   }
 }
 
-void CpuQueue::run_program(const Program& program) noexcept {
+void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) noexcept {
   std::string what;
-  const std::size_t ran = program.run(what);
+  const std::size_t ran = program.run(what, command_ns);
   if (ran == program.size()) return;
   try {
     const std::string where =

@@ -50,6 +50,9 @@ class CpuQueue {
   void enqueue(const KernelLaunch& launch);
   // Returns the program's sequence number; Blocking::yes returns after it ran.
   std::uint64_t submit(std::shared_ptr<const Program> program, Blocking blocking);
+  // Runs the program on this thread after the queue's earlier work, timing each command into
+  // command_ns (program.size() entries); returns its sequence number.
+  std::uint64_t run_timed(std::shared_ptr<const Program> program, std::uint64_t* command_ns);
   void signal(std::shared_ptr<CpuEventState> event);
   void wait(std::shared_ptr<const detail::EventState> event);
   void wait_idle();
@@ -67,6 +70,7 @@ class CpuQueue {
     std::uint64_t seq;
     std::shared_ptr<const Program> program;
     std::shared_ptr<const detail::EventState> event;
+    std::uint64_t* command_ns = nullptr;  // programs: time each command into this
   };
   enum class WorkerState : std::uint8_t { busy, spinning, sleeping };
 
@@ -74,7 +78,7 @@ class CpuQueue {
   void flush_locked();
   void run_in_turn(const Item& item);
   void run(const Item& item) noexcept;
-  void run_program(const Program& program) noexcept;
+  void run_program(const Program& program, std::uint64_t* command_ns) noexcept;
   void worker_loop();
   bool pop(Item& item);
   void record_command(Program& program, const KernelLaunch& launch, KernelFn fn);

@@ -2,6 +2,7 @@
 #include "conformance/backends.hpp"
 #include "support.hpp"
 
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -119,6 +120,41 @@ TEST_P(DeviceConformance, CaptureViolationsAreRejectedAndLeaveTheDeviceUsable) {
   device().release_trace(other);
   EXPECT_EQ(w.to_vector<float>(q1), std::vector<float>(32, 3.0f));
   EXPECT_EQ(device().stats().live_traces, 0u);
+}
+
+// A profile replays the trace with each command timed, and computes what a replay computes;
+// a backend that cannot time single commands says so (unimplemented), changing nothing.
+TEST_P(DeviceConformance, ProfileTimesEveryCommandOrSaysItCannot) {
+  Tensor x = ops::full({256}, 2.0, device());
+  device().begin_trace_capture(q0);
+  Tensor y = ops::exp(ops::mul(ops::add(x, 1.0), 0.5));
+  const TraceId trace = device().end_trace_capture(q0);
+  EXPECT_RETRACE_ERROR((void)device().profile_trace(trace, q0, 0), invalid_argument,
+                       "replays must be from 1 to 1000000, got 0");
+  EXPECT_RETRACE_ERROR((void)device().profile_trace(TraceId{987654321}, q0, 1), invalid_argument,
+                       "profile_trace");
+  const auto executed = device().stats().traces_executed;
+  try {
+    const TraceProfile profile = device().profile_trace(trace, q0, 5);
+    EXPECT_EQ(profile.trace, trace);
+    EXPECT_EQ(profile.replays, 5u);
+    EXPECT_EQ(profile.ops, (std::vector<std::string_view>{"add", "mul", "exp"}));
+    ASSERT_EQ(profile.command_ns.size(), 3u);
+    for (double ns : profile.command_ns) EXPECT_GE(ns, 0.0);
+    EXPECT_GT(profile.replay_ns, 0.0);
+    EXPECT_EQ(device().stats().traces_executed, executed + 5);
+    EXPECT_EQ(y.to_vector<float>(), std::vector<float>(256, std::exp(1.5f)));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::unimplemented) << e.what();
+    EXPECT_NE(e.message().find("cannot time the commands of trace"), std::string::npos);
+  }
+  // During a capture on the thread, profiling is a capture violation; the capture goes on.
+  device().begin_trace_capture(q0);
+  EXPECT_RETRACE_ERROR((void)device().profile_trace(trace, q1, 1), capture_violation,
+                       "profile_trace");
+  (void)ops::add(x, 1.0);
+  device().release_trace(device().end_trace_capture(q0));
+  device().release_trace(trace);
 }
 
 TEST_P(DeviceConformance, CaptureStateMachineErrorsNameTheState) {
