@@ -22,11 +22,13 @@ test-release: build
 	ctest --preset default -j $(JOBS)
 
 # The Python package, built by pip (scikit-build-core + nanobind) into the project's virtual
-# environment (.venv, made by scripts/python-env.sh); its build tree is build-python/.
+# environment (.venv, made by scripts/python-env.sh); its build tree is build-python/. Without
+# the CUDA backend here, to keep `make test` quick (the C++ build has it); a plain
+# `pip install .` includes it when a CUDA toolkit is found.
 PYTHON := .venv/bin/python
 python: setup
 	scripts/python-env.sh
-	$(PYTHON) -m pip install -q --no-build-isolation .
+	$(PYTHON) -m pip install -q --no-build-isolation -C cmake.define.RETRACE_WITH_CUDA=OFF .
 
 test-python: python
 	cd python/tests && ../../$(PYTHON) -m pytest -q

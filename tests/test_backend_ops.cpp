@@ -78,6 +78,8 @@ std::vector<OpCase> op_cases() {
       {"concat", {{2, 5}, {3, 5}},
        [](const T& x) { return ops::concat(std::span<const Tensor>(x.data(), 2), 0); }, 0},
       {"typecast", {{100}}, [](const T& x) { return ops::typecast(x[0], DType::bfloat16); }, 0},
+      {"arange", {{1}},
+       [](const T& x) { return ops::arange(-1.5, 7.0, 0.125, *x[0].device(), x[0].dtype()); }, 0},
       {"to_layout", {{37, 45}}, [](const T& x) { return ops::to_layout(x[0], Layout::tile); }, 0},
   };
 }

@@ -200,6 +200,55 @@ TEST_F(OpMathTest, TracedEqualsEagerBitForBit) {
   EXPECT_EQ(bits(tracer(x)), eager);  // a replay
 }
 
+// arange: numpy's count, start + i * step in double rounded once, integers wrapping never
+// (their range is checked), and a device op that replays.
+TEST_F(OpMathTest, ArangeMatchesTheDoubleReference) {
+  struct Case {
+    double start, end, step;
+  };
+  for (const Case& c : {Case{0, 10, 1}, Case{0, 1, 0.1}, Case{-3.5, 2.25, 0.37}, Case{5, -5, -0.75},
+                        Case{1e6, 1e6 + 1, 1e-3}, Case{0, 1, 3}, Case{2, 2, 1}, Case{3, 1, 1}}) {
+    for (DType dtype : {DType::float32, DType::bfloat16}) {
+      SCOPED_TRACE(fmt::format("arange({}, {}, {}) {}", c.start, c.end, c.step, dtype));
+      const Tensor t = ops::arange(c.start, c.end, c.step, device(), dtype);
+      const auto n = static_cast<std::int64_t>(std::max(0.0, std::ceil((c.end - c.start) / c.step)));
+      ASSERT_EQ(t.shape(), Shape({n}));
+      const std::vector<float> got = t.to_vector<float>();
+      for (std::int64_t i = 0; i < n; ++i) {
+        float want = static_cast<float>(c.start + static_cast<double>(i) * c.step);
+        if (dtype == DType::bfloat16) want = to_bfloat16(want);
+        ASSERT_EQ(got[static_cast<std::size_t>(i)], want) << "at " << i;
+      }
+    }
+  }
+  EXPECT_EQ(ops::arange(-3, 7, 2, device(), DType::int32).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{-3, -1, 1, 3, 5}));
+  EXPECT_EQ(ops::arange(2147483640.0, 2147483648.0, 3, device(), DType::int32).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{2147483640, 2147483643, 2147483646}));
+  EXPECT_EQ(ops::arange(250, 256, 2, device(), DType::uint8).to_vector<std::uint8_t>(),
+            (std::vector<std::uint8_t>{250, 252, 254}));
+  EXPECT_EQ(ops::arange(0, 4294967296.0, 2147483648.0, device(), DType::uint32).to_vector<std::uint32_t>(),
+            (std::vector<std::uint32_t>{0u, 2147483648u}));
+  EXPECT_RETRACE_ERROR((void)ops::arange(0, 1, 0, device()), invalid_argument,
+                       "arange: step must not be 0");
+  EXPECT_RETRACE_ERROR((void)ops::arange(0, kInf, 1, device()), invalid_argument,
+                       "arange: start, end and step must be finite");
+  EXPECT_RETRACE_ERROR((void)ops::arange(0.5, 3, 1, device(), DType::int32), invalid_argument,
+                       "arange: start (0.5) and step (1) must be whole numbers for int32");
+  EXPECT_RETRACE_ERROR((void)ops::arange(250, 260, 1, device(), DType::uint8), invalid_argument,
+                       "arange: values from 250 to 259 do not fit in uint8");
+  EXPECT_RETRACE_ERROR((void)ops::arange(-1, 3, 1, device(), DType::uint32), invalid_argument,
+                       "do not fit in uint32");
+  EXPECT_RETRACE_ERROR((void)ops::arange(0, 1e300, 1e-300, device()), invalid_argument,
+                       "too many");
+  // Traced: the values are computed by the replay, bit for bit as eager.
+  auto tracer = make_tracer(
+      [&](const Tensor& x) { return ops::add(x, ops::arange(-2, 2, 0.25, device())); }, device());
+  const Tensor x = floats(std::vector<float>(16, 0.5f));
+  const std::vector<float> eager = ops::add(x, ops::arange(-2, 2, 0.25, device())).to_vector<float>();
+  EXPECT_EQ(tracer(x).to_vector<float>(), eager);
+  EXPECT_EQ(tracer(x).to_vector<float>(), eager);
+}
 
 // A float64 reference of a reduction along `dim` of a row-major [d0, d1, d2] tensor.
 std::vector<double> reduce_ref(const std::vector<float>& x, const std::vector<std::int64_t>& shape,

@@ -71,11 +71,15 @@ enum class UnaryOp : std::uint8_t {
 };
 enum class ReduceOp : std::uint8_t { sum, mean, max };
 
+// out[i] = value + i * step (step 0: a fill). Floating dtypes compute value + i * step in
+// double and round once to the dtype; integer dtypes compute in 64-bit integers (value and step
+// are whole numbers) and wrap to the dtype's width.
 struct FillParams {
   void* out;
   std::int64_t count;  // elements
   DType dtype;
   double value;
+  double step = 0.0;
 };
 
 struct CopyParams {

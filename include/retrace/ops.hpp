@@ -35,6 +35,12 @@ namespace retrace::ops {
                           DType dtype = DType::float32, Layout layout = Layout::row_major,
                           QueueId queue = kDefaultQueue);
 void fill(const Tensor& tensor, double value, QueueId queue = kDefaultQueue);
+// [start, start + step, ...) up to end (exclusive), numpy's count ceil((end - start) / step),
+// empty when step points away from end. Floating dtypes: start + i * step computed in double
+// and rounded once (as torch); integer dtypes: start and step whole numbers, every value in the
+// dtype's range. A device op (traceable).
+[[nodiscard]] Tensor arange(double start, double end, double step, Device& device,
+                            DType dtype = DType::float32, QueueId queue = kDefaultQueue);
 
 // dst <- src. src on dst's device: a device-to-device copy (traceable). src on the host: a
 // host write (not allowed during a capture). Shapes, dtypes and layouts must match.

@@ -126,6 +126,21 @@ void bind_ops(nb::module_& m) {
       nb::arg("shape"), nb::arg("device"), nb::arg("dtype") = nb::none(),
       nb::arg("layout") = Layout::row_major, nb::arg("queue") = nb::none());
   ops.def(
+      "arange",
+      [](double start, std::optional<double> end, double step, nb::handle device,
+         nb::handle dtype, nb::handle queue) {
+        if (!end) {  // arange(end)
+          end = start;
+          start = 0.0;
+        }
+        return ops::arange(start, *end, step, device_of(device, "arange"),
+                           dtype.is_none() ? DType::float32 : parse_dtype(dtype),
+                           parse_queue(queue));
+      },
+      nb::arg("start"), nb::arg("end") = nb::none(), nb::arg("step") = 1.0, nb::kw_only(),
+      nb::arg("device"), nb::arg("dtype") = nb::none(), nb::arg("queue") = nb::none(),
+      "[start, start + step, ...) below end (arange(n): 0 .. n-1), on the device.");
+  ops.def(
       "fill", [](const Tensor& t, double value, nb::handle queue) { ops::fill(t, value, parse_queue(queue)); },
       nb::arg("tensor"), nb::arg("value"), nb::kw_only(), nb::arg("queue") = nb::none());
   ops.def(

@@ -176,3 +176,13 @@ def test_assert_finite_becomes_device_error(device):
     ops.assert_finite(x)
     with pytest.raises(retrace.DeviceError, match="assert_finite"):
         device.synchronize()
+
+
+def test_arange(device):
+    np.testing.assert_array_equal(ops.arange(5, device=device).numpy(), np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(ops.arange(-1, 1, 0.25, device=device).numpy(),
+                                  np.arange(-1, 1, 0.25).astype(np.float32))
+    np.testing.assert_array_equal(ops.arange(10, 0, -3, device=device, dtype="int32").numpy(), [10, 7, 4, 1])
+    assert ops.arange(3, 1, device=device).shape == (0,)
+    with pytest.raises(retrace.InvalidArgument, match="step must not be 0"):
+        ops.arange(0, 1, 0, device=device)

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace retrace::cpu {
 
@@ -17,6 +18,26 @@ template <class T>
 void fill_kernel(const std::byte* raw) {
   const auto& p = params_as<FillParams>(raw);
   fill_loop<T>(static_cast<T*>(p.out), p.count, static_cast<typename Elem<T>::compute>(p.value));
+}
+
+template <class T>
+void arange_kernel(const std::byte* raw) {
+  const auto& p = params_as<FillParams>(raw);
+  T* out = static_cast<T*>(p.out);
+  if constexpr (std::is_integral_v<T>) {
+    const auto start = static_cast<std::int64_t>(p.value);
+    const auto step = static_cast<std::int64_t>(p.step);
+    for (std::int64_t i = 0; i < p.count; ++i) {
+      const auto v = static_cast<std::uint64_t>(start) +
+                     static_cast<std::uint64_t>(i) * static_cast<std::uint64_t>(step);
+      out[i] = static_cast<T>(v);  // modulo 2^bits
+    }
+  } else {
+    for (std::int64_t i = 0; i < p.count; ++i) {
+      Elem<T>::store(out, i, static_cast<typename Elem<T>::compute>(
+                                 p.value + static_cast<double>(i) * p.step));
+    }
+  }
 }
 
 void copy_kernel(const std::byte* raw) {
@@ -40,7 +61,12 @@ KernelFn resolve_fill(DType dtype) {
 
 }  // namespace
 
-KernelFn resolve(const FillParams& p) { return resolve_fill(p.dtype); }
+KernelFn resolve(const FillParams& p) {
+  if (p.step != 0.0) {
+    return dispatch_dtype(p.dtype, []<class T>(T) -> KernelFn { return &arange_kernel<T>; });
+  }
+  return resolve_fill(p.dtype);
+}
 KernelFn resolve(const CopyParams&) { return &copy_kernel; }
 KernelFn resolve(const AssertFiniteParams& p) {
   switch (p.dtype) {

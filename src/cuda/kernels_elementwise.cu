@@ -5,6 +5,8 @@
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
 
+#include <type_traits>
+
 namespace retrace::cuda {
 
 namespace {
@@ -53,6 +55,23 @@ __global__ void fill_kernel(const FailureRecord* record, T* out, std::int64_t n,
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
     Elem<T>::store(out, i, value);
+  }
+}
+
+template <class T>
+__global__ void arange_kernel(const FailureRecord* record, T* out, std::int64_t n, double start,
+                              double step) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) {
+    if constexpr (std::is_integral_v<T>) {
+      const auto v = static_cast<unsigned long long>(static_cast<long long>(start)) +
+                     static_cast<unsigned long long>(i) *
+                         static_cast<unsigned long long>(static_cast<long long>(step));
+      out[i] = static_cast<T>(v);
+    } else {
+      Elem<T>::store(out, i,
+                     static_cast<typename Elem<T>::compute>(start + static_cast<double>(i) * step));
+    }
   }
 }
 
@@ -303,6 +322,11 @@ cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
   if (p.count == 0) return cudaSuccess;
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (p.step != 0.0) {
+      arange_kernel<T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
+          ctx.record, static_cast<T*>(p.out), p.count, p.value, p.step);
+      return cudaGetLastError();
+    }
     fill_kernel<T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
         ctx.record, static_cast<T*>(p.out), p.count,
         static_cast<typename Elem<T>::compute>(p.value));

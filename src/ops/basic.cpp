@@ -1,6 +1,8 @@
-// Creation and copies: full/fill, copy, assert_finite.
+// Creation and copies: full/fill, arange, copy, assert_finite.
 #include "ops/checks.hpp"
 #include "retrace/ops.hpp"
+
+#include <cmath>
 
 namespace retrace::ops {
 
@@ -19,9 +21,41 @@ Tensor full(const Shape& shape, double value, Device& device, DType dtype, Layou
 void fill(const Tensor& tensor, double value, QueueId queue) {
   Device& device = device_of(tensor, "fill", "tensor");
   FillParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
-                    tensor.dtype(), value};
+                    tensor.dtype(), value, 0.0};
   Buffer* buffers[] = {tensor.buffer().get()};
   device.enqueue(queue, make_launch("fill", params, buffers));
+}
+
+Tensor arange(double start, double end, double step, Device& device, DType dtype,
+              QueueId queue) {
+  RETRACE_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+                invalid_argument, "arange: start, end and step must be finite, got {}, {}, {}",
+                start, end, step);
+  RETRACE_CHECK(step != 0.0, invalid_argument, "arange: step must not be 0");
+  const double span = std::ceil((end - start) / step);
+  RETRACE_CHECK(span <= 0x1p53, invalid_argument,
+                "arange: [{}, {}) in steps of {} has {} elements, too many", start, end, step, span);
+  const auto count = span > 0 ? static_cast<std::int64_t>(span) : std::int64_t{0};
+  if (!dtype_info(dtype).is_floating) {
+    const auto whole = [](double v) { return std::trunc(v) == v; };
+    RETRACE_CHECK(whole(start) && whole(step), invalid_argument,
+                  "arange: start ({}) and step ({}) must be whole numbers for {}", start, step,
+                  dtype);
+    const double lo = dtype == DType::int32 ? -2147483648.0 : 0.0;
+    const double hi = dtype == DType::int32    ? 2147483647.0
+                      : dtype == DType::uint32 ? 4294967295.0
+                                               : 255.0;
+    const double last = start + static_cast<double>(count > 0 ? count - 1 : 0) * step;
+    RETRACE_CHECK(count == 0 || (start >= lo && start <= hi && last >= lo && last <= hi),
+                  invalid_argument, "arange: values from {} to {} do not fit in {}", start, last,
+                  dtype);
+  }
+  Tensor out = Tensor::empty({count}, dtype, device);
+  if (count == 0) return out;
+  FillParams params{data_of(out), count, dtype, start, step};
+  Buffer* buffers[] = {out.buffer().get()};
+  device.enqueue(queue, make_launch("arange", params, buffers));
+  return out;
 }
 
 void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
