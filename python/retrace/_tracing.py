@@ -101,6 +101,73 @@ def _is_tracer_valid_value(value: Any) -> bool:
     return hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__")
 
 
+class _Slot:
+    """Stands for argument `index` (an int: positional; a str: keyword) while a plan is made."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+
+class _CallPlan:
+    """The binding of one call shape (number of positional arguments, keyword names) of a
+    function: which arguments are bound away (by name) and what the tracer is called with.
+    Made once with placeholders through inspect's binding, then applied by indexing, so later
+    calls skip inspect.Signature.bind (tens of microseconds)."""
+
+    def __init__(self, sig: inspect.Signature, names: tuple[str, ...], nargs: int,
+                 keys: tuple[str, ...], label: str) -> None:
+        bound = sig.bind(*(_Slot(i) for i in range(nargs)), **{k: _Slot(k) for k in keys})
+        bound.apply_defaults()
+        self.bind = [(n, bound.arguments.pop(n)) for n in names if n in bound.arguments]
+        self.args = list(bound.args)
+        kwargs = bound.kwargs
+        # A *args parameter after a bound one would reach the function as a keyword (inspect
+        # puts it in .kwargs): refuse that instead of passing it wrongly; drop it when empty.
+        lost = [p.name for p in sig.parameters.values()
+                if p.kind == inspect.Parameter.VAR_POSITIONAL and p.name in kwargs]
+        for n in lost:
+            if kwargs[n] == ():
+                del kwargs[n]
+        lost = [n for n in lost if n in kwargs]
+        self.kwargs = list(kwargs.items())
+        used = self._slots([s for _, s in self.bind] + self.args + [s for _, s in self.kwargs])
+        if lost or used != nargs + len(keys):
+            raise TypeError(
+                f"@traced_function: {label}: once {list(names)} are bound, this call's extra "
+                f"positional arguments ({', '.join('*' + n for n in lost)}) cannot be passed on; "
+                "pass them in a list instead")
+
+    @staticmethod
+    def _slots(sources: list[Any]) -> int:
+        count = 0
+        for s in sources:
+            if type(s) is _Slot:
+                count += 1
+            elif type(s) is tuple:
+                count += sum(type(x) is _Slot for x in s)
+            elif type(s) is dict:
+                count += sum(type(x) is _Slot for x in s.values())
+        return count
+
+    @staticmethod
+    def _value(source: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if type(source) is _Slot:
+            return args[source.index] if type(source.index) is int else kwargs[source.index]
+        if type(source) is tuple and any(type(s) is _Slot for s in source):  # *args
+            return tuple(_CallPlan._value(s, args, kwargs) for s in source)
+        if type(source) is dict and any(type(s) is _Slot for s in source.values()):  # **kwargs
+            return {k: _CallPlan._value(s, args, kwargs) for k, s in source.items()}
+        return source  # a default value
+
+    def apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        value = self._value
+        return ({n: value(s, args, kwargs) for n, s in self.bind},
+                tuple(value(s, args, kwargs) for s in self.args),
+                {k: value(s, args, kwargs) for k, s in self.kwargs})
+
+
 def _call(store: _TraceStore, tracer: _core.Tracer, args: tuple[Any, ...],
           kwargs: dict[str, Any]) -> Any:
     captured = tracer.trace_captured
@@ -124,8 +191,20 @@ def _bind_weakly(fn: Callable[..., Any], context: Any, label: str) -> Callable[.
     return bound
 
 
+_CONTEXT_TYPES: dict[type, bool] = {}
+
+
 def _is_context(value: Any) -> bool:
-    return not _is_tracer_valid_value(value)
+    """True for a first argument to bind away (self): anything but a traced input. Decided once
+    per type for types that are never inputs."""
+    kind = type(value)
+    known = _CONTEXT_TYPES.get(kind)
+    if known is not None:
+        return known
+    context = not _is_tracer_valid_value(value)
+    if context and kind not in (tuple, list, dict):
+        _CONTEXT_TYPES[kind] = True
+    return context
 
 
 class _TraceStore:
@@ -209,6 +288,7 @@ def traced_function(
         by_context: weakref.WeakKeyDictionary[Any, _TraceStore] = weakref.WeakKeyDictionary()
         by_identity: dict[tuple[int, ...], tuple[tuple[Any, ...], _TraceStore]] = {}
         bind_names: list[tuple[str, ...] | None] = [None]
+        plans: dict[tuple[int, tuple[str, ...]], _CallPlan] = {}
 
         def make_tracer(function: Callable[..., Any], dev: Any) -> _core.Tracer:
             if not isinstance(dev, _core.Device):
@@ -244,19 +324,25 @@ def traced_function(
 
             if device is None:
                 # Modes 2 and 3: bind what is not a traced input, key the tracer by identity.
-                bound = sig.bind(*args, **kwargs)
-                bound.apply_defaults()
                 if bind_names[0] is None:
+                    bound = sig.bind(*args, **kwargs)
+                    bound.apply_defaults()
                     bind_names[0] = tuple(
                         n for n in sig.parameters
                         if n in bound.arguments and not _is_tracer_valid_value(bound.arguments[n]))
-                names = bind_names[0]
-                if not inject_mesh_device and mesh_param not in names:
-                    value = bound.arguments.get(mesh_param)
-                    raise TypeError(
-                        f"@traced_function: {label}: {mesh_param!r} must be a retrace.Device, got "
-                        f"{type(value).__name__}")
-                bind_values = {n: bound.arguments.pop(n) for n in names if n in bound.arguments}
+                    names = bind_names[0]
+                    if not inject_mesh_device and mesh_param not in names:
+                        value = bound.arguments.get(mesh_param)
+                        raise TypeError(
+                            f"@traced_function: {label}: {mesh_param!r} must be a retrace.Device, "
+                            f"got {type(value).__name__}")
+                # How this call shape maps onto the parameters: worked out once per shape.
+                shape = (len(args), tuple(kwargs))
+                plan = plans.get(shape)
+                if plan is None:
+                    plan = _CallPlan(sig, bind_names[0], len(args), tuple(kwargs), label)
+                    plans[shape] = plan
+                bind_values, call_args, call_kwargs_in = plan.apply(args, kwargs)
                 if inject_mesh_device:
                     if injected is _OMITTED:
                         raise TypeError(
@@ -274,10 +360,11 @@ def traced_function(
                     entry = (identity_values, _TraceStore(max_traces, max_trace_bytes))
                     by_identity[identity] = entry
                 store = entry[1]
-                key = trace_key(explicit_key, bound.args, bound.kwargs)
+                key = trace_key(explicit_key, call_args, call_kwargs_in)
                 tracer = store.get(
                     key, lambda: make_tracer(functools.partial(fn, **bind_values), dev))
-                return _call(store, tracer, bound.args, {**bound.kwargs, **call_kwargs})
+                call_kwargs_in.update(call_kwargs)
+                return _call(store, tracer, call_args, call_kwargs_in)
 
             # Mode 1: the first positional argument is the context.
             if args and _is_context(args[0]):

@@ -230,3 +230,36 @@ def test_max_trace_bytes(device):
     assert len(M.step.tracers()) == 1  # the bound keeps only the newest trace
     with pytest.raises(ValueError, match="must be >= 0"):
         retrace.traced_function(device=device, max_trace_bytes=-1)
+
+
+def test_call_shapes_bind_like_inspect(device):
+    class Ccl:
+        scale = 2.0
+
+    seen = []
+
+    @retrace.traced_function
+    def f(x, mesh_device, ccl, *rest, offset=0.0, **extra):
+        seen.append((len(rest), sorted(extra)))
+        out = ops.add(ops.mul(x, ccl.scale), offset)
+        for r in rest:
+            out = ops.add(out, r)
+        return out
+
+    ccl = Ccl()
+    x, y = dev(device, [1, 2]), dev(device, [10, 10])
+    calls = [
+        lambda v: f(v, device, ccl, traced=True),
+        lambda v: f(v, mesh_device=device, ccl=ccl, traced=True),
+        lambda v: f(x=v, mesh_device=device, ccl=ccl, offset=1.0, traced=True, tracer_trace_key="o"),
+        lambda v: f(v, device, ccl, offset=0.5, tag="a", traced=True, tracer_trace_key="extra"),
+    ]
+    expected = [[2, 4], [2, 4], [3, 5], [2.5, 4.5]]
+    for _ in range(2):  # capture, then replay through the cached call plans
+        for call, want in zip(calls, expected):
+            np.testing.assert_array_equal(call(dev(device, [1, 2])).numpy(), want)
+    with pytest.raises(TypeError):
+        f(x, traced=True)  # missing arguments: inspect's own error
+    # *rest after the bound parameters cannot be passed on positionally: said, not dropped.
+    with pytest.raises(TypeError, match=r"\*rest\) cannot be passed on"):
+        f(x, device, ccl, y, traced=True, tracer_trace_key="rest")
