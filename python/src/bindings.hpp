@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace retrace::python {
 
@@ -49,6 +50,10 @@ class PyDevice {
 // protocol): no copy when the memory is C-contiguous in a retrace dtype that equals `dtype`.
 [[nodiscard]] Tensor host_tensor_from_array(nb::handle array, std::optional<DType> dtype,
                                             std::string_view what);
+// A sequence of integers (or one integer) for a shape, dims or sizes argument; invalid_argument
+// naming `what` and `argument` otherwise.
+[[nodiscard]] std::vector<std::int64_t> int_list(nb::handle values, std::string_view what,
+                                                 std::string_view argument);
 // True for objects host_tensor_from_array accepts (numpy arrays, __dlpack__ producers).
 [[nodiscard]] bool is_array_like(nb::handle object);
 

@@ -14,25 +14,6 @@ namespace {
 
 Tensor optional_tensor(const Tensor* t) { return t != nullptr ? *t : Tensor{}; }
 
-std::vector<std::int64_t> int_list(nb::handle values, std::string_view what,
-                                   std::string_view argument) {
-  std::vector<std::int64_t> out;
-  if (nb::isinstance<nb::int_>(values)) {
-    out.push_back(nb::cast<std::int64_t>(values));
-    return out;
-  }
-  RETRACE_CHECK(nb::isinstance<nb::sequence>(values), invalid_argument,
-                "{}: {} must be a sequence of integers, got {}", what, argument,
-                nb::type_name(values.type()).c_str());
-  for (nb::handle v : nb::iter(values)) {
-    RETRACE_CHECK(nb::isinstance<nb::int_>(v), invalid_argument,
-                  "{}: {} must be a sequence of integers, got an element of type {}", what,
-                  argument, nb::type_name(v.type()).c_str());
-    out.push_back(nb::cast<std::int64_t>(v));
-  }
-  return out;
-}
-
 const Tensor& tensor_arg(nb::handle value, std::string_view what, std::string_view argument) {
   RETRACE_CHECK(nb::isinstance<Tensor>(value), invalid_argument,
                 "{}: {} must be a retrace.Tensor, got {}", what, argument,

@@ -226,22 +226,6 @@ nb::tuple shape_tuple(const Shape& shape) {
   return nb::tuple(dims);
 }
 
-std::vector<std::int64_t> dims_from(nb::handle shape, std::string_view what) {
-  std::vector<std::int64_t> dims;
-  if (nb::isinstance<nb::int_>(shape)) {
-    dims.push_back(nb::cast<std::int64_t>(shape));
-    return dims;
-  }
-  try {
-    for (nb::handle d : nb::iter(shape)) dims.push_back(nb::cast<std::int64_t>(d));
-  } catch (const nb::python_error&) {
-    throw;
-  } catch (const std::exception&) {
-    RETRACE_FAIL(invalid_argument, "{}: a shape is a sequence of integers, got {}", what,
-                 nb::str(nb::handle(shape)).c_str());
-  }
-  return dims;
-}
 
 // a <op> b for the Python operators (b a Tensor or a number).
 Tensor binary_operator(const Tensor& a, nb::handle b, std::string_view op) {
@@ -352,6 +336,25 @@ void drain_released_references() {
     g_graveyard_full.store(false, std::memory_order_relaxed);
   }
   for (auto* array : dead) delete array;
+}
+
+std::vector<std::int64_t> int_list(nb::handle values, std::string_view what,
+                                   std::string_view argument) {
+  std::vector<std::int64_t> out;
+  if (nb::isinstance<nb::int_>(values)) {
+    out.push_back(nb::cast<std::int64_t>(values));
+    return out;
+  }
+  RETRACE_CHECK(nb::isinstance<nb::sequence>(values), invalid_argument,
+                "{}: {} must be a sequence of integers, got {}", what, argument,
+                nb::type_name(values.type()).c_str());
+  for (nb::handle v : nb::iter(values)) {
+    RETRACE_CHECK(nb::isinstance<nb::int_>(v), invalid_argument,
+                  "{}: {} must be a sequence of integers, got an element of type {}", what,
+                  argument, nb::type_name(v.type()).c_str());
+    out.push_back(nb::cast<std::int64_t>(v));
+  }
+  return out;
 }
 
 bool is_array_like(nb::handle object) {
@@ -557,7 +560,7 @@ void bind_tensors(nb::module_& m) {
   m.def(
       "empty",
       [](nb::handle shape, nb::handle device, nb::handle dtype, Layout layout) {
-        const auto dims = dims_from(shape, "empty");
+        const auto dims = int_list(shape, "empty", "shape");
         const Shape s{std::span<const std::int64_t>(dims)};
         const DType d = dtype.is_none() ? DType::float32 : parse_dtype(dtype);
         if (device.is_none()) return Tensor::empty_host(s, d, layout);

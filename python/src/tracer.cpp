@@ -41,6 +41,13 @@ std::string py_type_name(nb::handle h) { return nb::type_name(h.type()).c_str();
   throw_invalid_type(fmt::format("{}: {}", path.describe(), what));
 }
 
+void require_str_key(const TreePath& path, nb::handle key) {
+  if (PyUnicode_CheckExact(key.ptr())) return;
+  tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced inputs and "
+                                    "outputs are strings",
+                                    py_type_name(key)));
+}
+
 bool is_scalar(nb::handle h) {
   return h.is_none() || PyBool_Check(h.ptr()) || PyLong_CheckExact(h.ptr()) ||
          PyFloat_CheckExact(h.ptr()) || PyUnicode_CheckExact(h.ptr());
@@ -301,11 +308,7 @@ class PyTracer {
     if (PyDict_CheckExact(value.ptr())) {
       nb::dict out;
       for (auto [key, item] : nb::borrow<nb::dict>(value)) {
-        if (!PyUnicode_CheckExact(key.ptr())) {
-          tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced "
-                                            "inputs and outputs are strings",
-                                            py_type_name(key)));
-        }
+        require_str_key(path, key);
         out[key] = check_input(path.key(str_view(key)), item);
       }
       return out;
@@ -358,11 +361,7 @@ class PyTracer {
       for (nb::handle item : nb::iter(value)) check_outputs(path.at(i++), item);
     } else if (PyDict_CheckExact(value.ptr())) {
       for (auto [key, item] : nb::borrow<nb::dict>(value)) {
-        if (!PyUnicode_CheckExact(key.ptr())) {
-          tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced "
-                                            "inputs and outputs are strings",
-                                            py_type_name(key)));
-        }
+        require_str_key(path, key);
         check_outputs(path.key(str_view(key)), item);
       }
     } else {
@@ -553,11 +552,7 @@ class PyTracer {
     for (std::size_t i = 0; i < args.size(); ++i) match(args_root.at(i), slot_args[i], args[i]);
     if (PyDict_GET_SIZE(kwargs.ptr()) != 0 || PyDict_GET_SIZE(kwargs_.ptr()) != 0) {
       const TreePath kwargs_root = TreePath::root("kwargs", "input");
-      try {
-        check_same_keys(kwargs_root, kwargs_, kwargs);
-      } catch (const nb::python_error&) {
-        throw;
-      }
+      check_same_keys(kwargs_root, kwargs_, kwargs);
       Py_ssize_t pos = 0;
       PyObject* key = nullptr;
       PyObject* item = nullptr;

@@ -3,9 +3,9 @@
 #include "core/device_core.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/error.hpp"
+#include "util/timing.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <thread>
 
 namespace retrace {
@@ -545,28 +545,22 @@ TraceProfile Device::profile_trace(TraceId trace, QueueId queue, std::size_t rep
   profile.trace = trace;
   profile.replays = replays;
   profile.ops = record->info.ops;
-  std::vector<std::vector<std::uint64_t>> samples(commands, std::vector<std::uint64_t>(replays));
+  std::vector<std::vector<double>> samples(commands, std::vector<double>(replays));
   std::vector<std::uint64_t> one(commands);
   std::vector<double> totals(replays);
   for (std::size_t r = 0; r < replays; ++r) {
     std::fill(one.begin(), one.end(), 0);
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = timing::Clock::now();
     c.backend->execute_timed(*record->backend, trace, queue, one);
-    totals[r] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-    for (std::size_t i = 0; i < commands; ++i) samples[i][r] = one[i];
+    totals[r] = timing::milliseconds_since(t0) * 1e6;
+    for (std::size_t i = 0; i < commands; ++i) samples[i][r] = static_cast<double>(one[i]);
     c.commands_executed.fetch_add(commands, std::memory_order_relaxed);
     c.traces_executed.fetch_add(1, std::memory_order_relaxed);
   }
   report_memory_damage();
-  auto median = [](auto values) {
-    std::sort(values.begin(), values.end());
-    const std::size_t n = values.size();
-    return n % 2 == 1 ? static_cast<double>(values[n / 2])
-                      : (static_cast<double>(values[n / 2 - 1]) + static_cast<double>(values[n / 2])) / 2;
-  };
   profile.command_ns.reserve(commands);
-  for (const auto& s : samples) profile.command_ns.push_back(median(s));
-  profile.replay_ns = median(totals);
+  for (auto& s : samples) profile.command_ns.push_back(timing::median(std::move(s)));
+  profile.replay_ns = timing::median(std::move(totals));
   return profile;
 }
 

@@ -166,32 +166,12 @@ class CpuBackend final : public Backend {
   void abort_capture(QueueId queue) noexcept override { (void)queue_at(queue).end_capture(); }
 
   void execute(BackendTrace& base, TraceId id, QueueId queue, Blocking blocking) override {
-    auto& trace = static_cast<CpuTrace&>(base);
-    report_errors(queue);
-    {
-      std::lock_guard lock(trace.mutex);
-      RETRACE_CHECK(trace.program, failed_precondition,
-                    "execute_trace: trace {} on {} was released while this call was starting", id,
-                    device().name());
-      trace.last_submission[queue.value] = queue_at(queue).submit(trace.program, blocking);
-    }
-    if (blocking == Blocking::yes) report_errors(queue);
+    replay(static_cast<CpuTrace&>(base), id, queue, blocking, {}, "execute_trace");
   }
 
   void execute_timed(BackendTrace& base, TraceId id, QueueId queue,
                      std::span<std::uint64_t> command_ns) override {
-    auto& trace = static_cast<CpuTrace&>(base);
-    report_errors(queue);
-    {
-      std::lock_guard lock(trace.mutex);
-      RETRACE_CHECK(trace.program, failed_precondition,
-                    "profile_trace: trace {} on {} was released while this call was starting", id,
-                    device().name());
-      RETRACE_ASSERT(command_ns.size() == trace.program->size(), "one time per command");
-      trace.last_submission[queue.value] =
-          queue_at(queue).run_timed(trace.program, command_ns.data());
-    }
-    report_errors(queue);
+    replay(static_cast<CpuTrace&>(base), id, queue, Blocking::yes, command_ns, "profile_trace");
   }
 
   void release(BackendTrace& base, TraceId) noexcept override {
@@ -213,6 +193,25 @@ class CpuBackend final : public Backend {
 
  private:
   CpuQueue& queue_at(QueueId queue) { return *queues_[queue.value]; }
+
+  // A replay of the trace on the queue; a non-empty command_ns (one entry per command, blocking
+  // replays only) gets each command's time.
+  void replay(CpuTrace& trace, TraceId id, QueueId queue, Blocking blocking,
+              std::span<std::uint64_t> command_ns, std::string_view what) {
+    report_errors(queue);
+    {
+      std::lock_guard lock(trace.mutex);
+      RETRACE_CHECK(trace.program, failed_precondition,
+                    "{}: trace {} on {} was released while this call was starting", what, id,
+                    device().name());
+      RETRACE_ASSERT(command_ns.empty() || (blocking == Blocking::yes &&
+                                            command_ns.size() == trace.program->size()),
+                     "a blocking replay with one time per command");
+      trace.last_submission[queue.value] = queue_at(queue).submit(
+          trace.program, blocking, command_ns.empty() ? nullptr : command_ns.data());
+    }
+    if (blocking == Blocking::yes) report_errors(queue);
+  }
 
   // Throws the queue's sticky error.
   void report_errors(QueueId queue) {

@@ -120,23 +120,15 @@ std::uint64_t CpuQueue::push_locked(Item item) {
   return seq;
 }
 
-std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking blocking) {
+std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking blocking,
+                               std::uint64_t* command_ns) {
+  if (command_ns != nullptr) blocking = Blocking::yes;  // the caller reads the times
   std::unique_lock lock(mutex_);
   flush_locked();
   if (blocking == Blocking::no || mode_ == ExecutionMode::inline_) {
-    return push_locked(Item{Kind::program, 0, std::move(program), nullptr, nullptr});
+    return push_locked(Item{Kind::program, 0, std::move(program), nullptr, command_ns});
   }
   // Blocking: run on this thread once the queue's earlier work is done.
-  Item item{Kind::program, next_seq_++, std::move(program), nullptr};
-  lock.unlock();
-  run_in_turn(item);
-  return item.seq;
-}
-
-std::uint64_t CpuQueue::run_timed(std::shared_ptr<const Program> program,
-                                  std::uint64_t* command_ns) {
-  std::unique_lock lock(mutex_);
-  flush_locked();
   Item item{Kind::program, next_seq_++, std::move(program), nullptr, command_ns};
   lock.unlock();
   run_in_turn(item);

@@ -49,10 +49,10 @@ class CpuQueue {
 
   void enqueue(const KernelLaunch& launch);
   // Returns the program's sequence number; Blocking::yes returns after it ran.
-  std::uint64_t submit(std::shared_ptr<const Program> program, Blocking blocking);
-  // Runs the program on this thread after the queue's earlier work, timing each command into
-  // command_ns (program.size() entries); returns its sequence number.
-  std::uint64_t run_timed(std::shared_ptr<const Program> program, std::uint64_t* command_ns);
+  // With command_ns (program->size() entries) the submission is blocking and each command's
+  // time is added to its entry.
+  std::uint64_t submit(std::shared_ptr<const Program> program, Blocking blocking,
+                       std::uint64_t* command_ns = nullptr);
   void signal(std::shared_ptr<CpuEventState> event);
   void wait(std::shared_ptr<const detail::EventState> event);
   void wait_idle();

@@ -41,10 +41,7 @@ Tensor arange(double start, double end, double step, Device& device, DType dtype
     RETRACE_CHECK(whole(start) && whole(step), invalid_argument,
                   "arange: start ({}) and step ({}) must be whole numbers for {}", start, step,
                   dtype);
-    const double lo = dtype == DType::int32 ? -2147483648.0 : 0.0;
-    const double hi = dtype == DType::int32    ? 2147483647.0
-                      : dtype == DType::uint32 ? 4294967295.0
-                                               : 255.0;
+    const auto [lo, hi] = detail::integer_range(dtype);
     const double last = start + static_cast<double>(count > 0 ? count - 1 : 0) * step;
     RETRACE_CHECK(count == 0 || (start >= lo && start <= hi && last >= lo && last <= hi),
                   invalid_argument, "arange: values from {} to {} do not fit in {}", start, last,

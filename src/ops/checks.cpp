@@ -25,6 +25,17 @@ void check_matches(const Tensor& a, std::string_view a_name, const Tensor& b,
                 a_name, a.shape(), b_name, b.shape());
 }
 
+IntegerRange integer_range(DType dtype) {
+  switch (dtype) {
+    case DType::int32: return {-2147483648.0, 2147483647.0};
+    case DType::uint32: return {0.0, 4294967295.0};
+    case DType::uint8: return {0.0, 255.0};
+    case DType::float32:
+    case DType::bfloat16: break;
+  }
+  RETRACE_FAIL(invalid_argument, "{} is not an integer dtype", dtype);
+}
+
 void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view argument,
                     std::initializer_list<DType> allowed) {
   if (std::find(allowed.begin(), allowed.end(), tensor.dtype()) != allowed.end()) return;

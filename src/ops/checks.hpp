@@ -18,6 +18,12 @@ void check_matches(const Tensor& a, std::string_view a_name, const Tensor& b,
 void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view argument,
                     std::initializer_list<DType> allowed);
 
+// The values an integer dtype holds, [lo, hi] (as doubles: every bound is exact).
+struct IntegerRange {
+  double lo, hi;
+};
+IntegerRange integer_range(DType dtype);
+
 }  // namespace retrace::ops::detail
 
 #include <array>

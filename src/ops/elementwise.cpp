@@ -101,8 +101,7 @@ void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a, double b,
   check_dtype_in(a, op, "a", kArithmeticTypes);
   check_out(out, a, a.shape(), op);
   if (a.dtype() == DType::int32 || a.dtype() == DType::uint32) {
-    const double lo = a.dtype() == DType::int32 ? -2147483648.0 : 0.0;
-    const double hi = a.dtype() == DType::int32 ? 2147483647.0 : 4294967295.0;
+    const auto [lo, hi] = detail::integer_range(a.dtype());
     RETRACE_CHECK(std::trunc(b) == b && b >= lo && b <= hi, invalid_argument,
                   "{}: the scalar {} is not a whole number in the range of {} ([{}, {}]); "
                   "typecast the tensor to float32 for fractional arithmetic",
