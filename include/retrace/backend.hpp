@@ -145,6 +145,19 @@ template <class B>
   return dynamic_cast<B*>(&device.backend_impl());
 }
 
+namespace detail {
+// Collectives on host-visible memory (CollectiveParams, the kernel `collective`), for backends
+// whose kernels run on host threads (the CPU device). A backend runs each member's part on the
+// queue the collective was enqueued on, never on a thread that enqueues or waits for the
+// member's peers (the members meet inside: see retrace/mesh.hpp), and flushes any work it
+// batches before it. run_host_collective throws device_error when the collective fails on any
+// member. A queue that skips a collective (its earlier work failed) calls
+// skip_host_collective instead, with its failure as the reason: the peers then fail naming it,
+// instead of waiting for it.
+void run_host_collective(const CollectiveParams& params);
+void skip_host_collective(const CollectiveParams& params, std::string_view reason) noexcept;
+}  // namespace detail
+
 // The backend's record of a trace (null if the trace does not exist on the device).
 [[nodiscard]] BackendTrace* backend_trace(Device& device, TraceId trace);
 

@@ -263,6 +263,8 @@ class Device final {
   [[nodiscard]] std::vector<TraceId> live_traces() const;
   [[nodiscard]] bool is_capturing() const noexcept;
   [[nodiscard]] std::optional<TraceId> capturing_trace(QueueId queue) const;
+  // Whether this thread is capturing on the device (its ops are recorded, not run).
+  [[nodiscard]] bool is_capturing_on_this_thread() const noexcept;
   // Throws a capture violation naming `what` if this thread is capturing on this device.
   void check_not_capturing(std::string_view what) const;
   // The same, and also if another thread is capturing on `queue`.

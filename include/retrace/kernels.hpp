@@ -37,7 +37,8 @@ class Buffer;
   X(strided_copy, StridedCopyParams)    \
   X(typecast, TypecastParams)           \
   X(tilize, TilizeParams)               \
-  X(attention, AttentionParams)
+  X(attention, AttentionParams)         \
+  X(collective, CollectiveParams)
 
 enum class KernelId : std::uint16_t {
 #define RETRACE_KERNEL_ENUM(name, params) name,
@@ -223,6 +224,26 @@ struct AttentionParams {
   float scale;
   DType dtype;
   bool causal;  // key j is masked out for query i when j > i (top-left aligned, as torch)
+};
+
+// One member's part of a collective over a group of devices (retrace/mesh.hpp). Every member of
+// the group enqueues the same collective with its own rank, src and dst; the group (owned by the
+// mesh, opaque here) pairs the members' calls up in order and runs them as one operation.
+//  - all_reduce:     dst[i] = sum over ranks of src[i], i < outer * chunk
+//  - all_gather:     dst[o, r*chunk + j] = src_r[o, j] (src [outer, chunk], dst [outer, n*chunk])
+//  - reduce_scatter: dst[o, j] = sum over ranks of src_r[o, rank*chunk + j]
+// Sums run over the ranks in rank order (floats accumulate in float32, rounded once), so every
+// member gets the same bits.
+enum class CollectiveOp : std::uint8_t { all_reduce, all_gather, reduce_scatter };
+struct CollectiveParams {
+  const void* group;  // the group's runtime (a detail::CollectiveGroup)
+  const void* src;
+  void* dst;
+  std::int64_t outer;
+  std::int64_t chunk;
+  DType dtype;
+  CollectiveOp op;
+  std::uint32_t rank;
 };
 
 // The kernel that takes each parameter struct (and the struct of each kernel).

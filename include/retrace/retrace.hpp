@@ -6,6 +6,7 @@
 #include "retrace/device.hpp"
 #include "retrace/error.hpp"
 #include "retrace/log.hpp"
+#include "retrace/mesh.hpp"
 #include "retrace/ops.hpp"
 #include "retrace/registry.hpp"
 #include "retrace/shape.hpp"

@@ -183,6 +183,13 @@ QueueId Device::resolve_queue(QueueId queue, std::string_view what) const {
   return queue;
 }
 
+bool Device::is_capturing_on_this_thread() const noexcept {
+  const detail::DeviceCore& c = *core_;
+  if (!c.capturing.load()) return false;
+  std::lock_guard lock(c.mutex);
+  return c.capture_queue && c.capture_thread == std::this_thread::get_id();
+}
+
 void Device::check_not_capturing(std::string_view what) const {
   const detail::DeviceCore& c = *core_;
   if (!c.capturing.load()) [[likely]] return;

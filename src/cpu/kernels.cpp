@@ -1,7 +1,8 @@
-// CPU kernels for fill, copy and assert_finite, and the resolver that maps every KernelId to the
+// CPU kernels for fill, copy, assert_finite and collectives, and the resolver that maps every KernelId to the
 // CPU kernel specialised for its dtype and operation (so a replay calls the right loop directly).
 #include "cpu/elementwise.hpp"
 #include "cpu/kernels_internal.hpp"
+#include "retrace/backend.hpp"
 #include "retrace/error.hpp"
 
 #include <algorithm>
@@ -40,6 +41,11 @@ void arange_kernel(const std::byte* raw) {
   }
 }
 
+// This member's part of a collective: meets its peers inside (see retrace/mesh.hpp).
+void collective_kernel(const std::byte* raw) {
+  detail::run_host_collective(params_as<CollectiveParams>(raw));
+}
+
 void copy_kernel(const std::byte* raw) {
   const auto& p = params_as<CopyParams>(raw);
   if (p.src != p.dst) std::memmove(p.dst, p.src, static_cast<std::size_t>(p.bytes));
@@ -68,6 +74,10 @@ KernelFn resolve(const FillParams& p) {
   return resolve_fill(p.dtype);
 }
 KernelFn resolve(const CopyParams&) { return &copy_kernel; }
+KernelFn resolve(const CollectiveParams& p) {
+  RETRACE_CHECK(p.group != nullptr, invalid_argument, "collective: no group");
+  return &collective_kernel;
+}
 KernelFn resolve(const AssertFiniteParams& p) {
   switch (p.dtype) {
     case DType::float32: return &assert_finite_kernel<float>;

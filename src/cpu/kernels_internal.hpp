@@ -67,5 +67,6 @@ KernelFn resolve(const AttentionParams& p);
 KernelFn resolve(const StridedCopyParams& p);
 KernelFn resolve(const TypecastParams& p);
 KernelFn resolve(const TilizeParams& p);
+KernelFn resolve(const CollectiveParams& p);
 
 }  // namespace retrace::cpu

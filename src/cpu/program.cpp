@@ -1,5 +1,6 @@
 #include "cpu/program.hpp"
 
+#include "retrace/backend.hpp"
 #include "retrace/error.hpp"
 
 #include <chrono>
@@ -15,6 +16,15 @@ void Program::append(KernelFn fn, const char* op, const void* params, std::size_
   new (&stream[at]) CommandHeader{fn, static_cast<std::uint32_t>(1 + param_slots)};
   if (params_size > 0) std::memcpy(&stream[at + 1], params, params_size);
   ops.push_back(op);
+}
+
+void Program::skip_collectives(std::size_t first, std::string_view reason) const noexcept {
+  for (const CollectiveRef& c : collectives) {
+    if (c.command < first) continue;
+    CollectiveParams params;
+    std::memcpy(&params, &stream[c.slot], sizeof(params));
+    detail::skip_host_collective(params, reason);
+  }
 }
 
 namespace {

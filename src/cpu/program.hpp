@@ -38,12 +38,22 @@ struct Program {
   // Host data staged for writes.
   std::vector<std::unique_ptr<std::byte[]>> staging;
   std::optional<TraceId> trace;  // set for traces
+  // The collectives among the commands: index of the command and slot of its parameters. They
+  // run on the queue's worker (never on a thread that may be the one their peers wait for),
+  // and a queue that skips them tells their peers (see retrace/backend.hpp).
+  struct CollectiveRef {
+    std::size_t command;
+    std::size_t slot;
+  };
+  std::vector<CollectiveRef> collectives;
 
   void append(KernelFn fn, const char* op, const void* params, std::size_t params_size);
   [[nodiscard]] std::size_t size() const noexcept { return ops.size(); }
   // Runs every command; returns the index of the one that threw (with its message) or size().
   // With `command_ns` (size() entries), each command's time is added to its entry.
   std::size_t run(std::string& error, std::uint64_t* command_ns = nullptr) const noexcept;
+  // Tells the peers of the collectives from command `first` on that this queue skips them.
+  void skip_collectives(std::size_t first, std::string_view reason) const noexcept;
 };
 
 // Maps a launch to the CPU kernel that runs it (specialised by dtype and operation), from the

@@ -62,6 +62,9 @@ CpuQueue::~CpuQueue() {
 // --- recording --------------------------------------------------------------------------------
 
 void CpuQueue::record_command(Program& program, const KernelLaunch& launch, KernelFn fn) {
+  if (launch.kernel == KernelId::collective) {
+    program.collectives.push_back({program.size(), program.stream.size() + 1});
+  }
   program.append(fn, launch.op, launch.params, launch.params_size);
   // An eager batch keeps its buffers alive until it ran; a trace's are kept by the device core.
   if (program.trace) return;
@@ -79,7 +82,9 @@ void CpuQueue::enqueue(const KernelLaunch& launch) {
   record_command(*open_batch_, launch, fn);
   // Hand the batch over when the worker waits for work (it starts at once) or when it is full;
   // otherwise keep collecting and save the hand-off.
-  if (mode_ == ExecutionMode::inline_ || open_batch_->size() >= eager_batch_) {
+  // A collective goes at once: its peers wait for it.
+  if (mode_ == ExecutionMode::inline_ || open_batch_->size() >= eager_batch_ ||
+      launch.kernel == KernelId::collective) {
     flush_locked();
   }
 }
@@ -127,6 +132,16 @@ std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking 
   flush_locked();
   if (blocking == Blocking::no || mode_ == ExecutionMode::inline_) {
     return push_locked(Item{Kind::program, 0, std::move(program), nullptr, command_ns});
+  }
+  if (!program->collectives.empty()) {
+    // Collectives run on the worker, never on a thread that may still have to start their
+    // peers' work: a blocking replay waits for the worker, and returns once the peers' replays
+    // (started from other threads) met it, or fails after the group's timeout.
+    const std::uint64_t seq =
+        push_locked(Item{Kind::program, 0, std::move(program), nullptr, command_ns});
+    lock.unlock();
+    wait_for(seq);
+    return seq;
   }
   // Blocking: run on this thread once the queue's earlier work is done.
   Item item{Kind::program, next_seq_++, std::move(program), nullptr, command_ns};
@@ -187,7 +202,11 @@ void CpuQueue::run_in_turn(const Item& item) {
 void CpuQueue::run(const Item& item) noexcept {
   switch (item.kind) {
     case Kind::program:
-      if (!failed_.load()) run_program(*item.program, item.command_ns);
+      if (!failed_.load()) {
+        run_program(*item.program, item.command_ns);
+      } else if (!item.program->collectives.empty()) {
+        item.program->skip_collectives(0, last_failure_);
+      }
       break;
     case Kind::signal:  // fires even after a failure, so waiters never hang
       std::const_pointer_cast<CpuEventState>(
@@ -214,7 +233,9 @@ void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) no
   } catch (...) {
     error_ = "a queued op failed";
   }
+  last_failure_ = error_;
   failed_.store(true);
+  program.skip_collectives(ran + 1, last_failure_);
 }
 
 bool CpuQueue::pop(Item& item) {

@@ -98,6 +98,9 @@ class CpuQueue {
   std::uint64_t next_seq_ = 1;
   bool stopping_ = false;
   std::string error_;
+  // The latest failure, kept for the peers of skipped collectives (take_error clears error_).
+  // Written and read only by the thread running the queue's items, in item order.
+  std::string last_failure_;
 
   std::atomic<std::size_t> pending_count_{0};
   std::atomic<WorkerState> worker_state_{WorkerState::busy};

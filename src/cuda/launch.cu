@@ -68,6 +68,9 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
       const int es = as<TilizeParams>(params).elem_size;
       return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
     }
+    case KernelId::collective:
+      // Mesh collectives on GPUs need NCCL inside the CUDA graph: not built yet.
+      return "collectives (mesh devices of CUDA members)";
     case KernelId::fill:
     case KernelId::copy:
     case KernelId::typecast:
@@ -123,6 +126,9 @@ cudaError_t launch(const TilizeParams& p, const LaunchContext& ctx, cublasStatus
 }
 cudaError_t launch(const AttentionParams& p, const LaunchContext& ctx, cublasStatus_t* blas) {
   return launch_attention(p, ctx, blas);
+}
+cudaError_t launch(const CollectiveParams&, const LaunchContext&, cublasStatus_t*) {
+  return cudaErrorNotSupported;  // refused before launch: see unsupported_reason
 }
 
 using Launcher = cudaError_t (*)(const void*, const LaunchContext&, cublasStatus_t*);

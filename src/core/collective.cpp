@@ -1,0 +1,230 @@
+#include "core/collective.hpp"
+
+#include "retrace/backend.hpp"
+#include "retrace/bfloat16.hpp"
+#include "retrace/error.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RETRACE_COLLECTIVE_RELAX() _mm_pause()
+#else
+#define RETRACE_COLLECTIVE_RELAX() ((void)0)
+#endif
+
+namespace retrace::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string_view op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_reduce: return "all_reduce";
+    case CollectiveOp::all_gather: return "all_gather";
+    case CollectiveOp::reduce_scatter: return "reduce_scatter";
+  }
+  return "collective";
+}
+
+}  // namespace
+
+CollectiveGroup::CollectiveGroup(std::vector<std::string> members, std::string label,
+                                 std::chrono::milliseconds timeout)
+    : members_(std::move(members)),
+      label_(std::move(label)),
+      timeout_(timeout),
+      slots_(members_.size()),
+      joined_(std::make_unique<std::atomic<std::uint64_t>[]>(members_.size())) {
+  RETRACE_ASSERT(!members_.empty(), "a collective group has members");
+}
+
+std::uint64_t CollectiveGroup::completed() const noexcept {
+  return arrivals_.load() / (2 * members_.size());
+}
+
+void CollectiveGroup::break_group(std::string reason) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (broken_.load()) return;
+    broken_reason_ = std::move(reason);
+    broken_.store(true);
+  }
+  cv_.notify_all();
+}
+
+void CollectiveGroup::fail_broken() const {
+  RETRACE_FAIL(device_error, "{} cannot run collectives any more: {}", label_, broken_reason_);
+}
+
+bool CollectiveGroup::arrive_and_wait(std::uint64_t target, std::uint32_t rank,
+                                      std::string_view op) {
+  if (arrivals_.fetch_add(1) + 1 == target) {
+    std::lock_guard lock(mutex_);  // pairs with the waiters' check under the lock
+    cv_.notify_all();
+    return true;
+  }
+  // Peers usually arrive within microseconds of each other in a replay: spin briefly first.
+  const auto spin_until = Clock::now() + std::chrono::microseconds(30);
+  for (int i = 0;; ++i) {
+    if (arrivals_.load() >= target) return true;
+    if (broken_.load()) return false;
+    RETRACE_COLLECTIVE_RELAX();
+    if ((i & 63) == 63 && Clock::now() >= spin_until) break;
+  }
+  const auto deadline = Clock::now() + timeout_;
+  std::unique_lock lock(mutex_);
+  while (arrivals_.load() < target && !broken_.load()) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        arrivals_.load() < target && !broken_.load()) {
+      // Name the members that did not arrive: their count of joined collectives is behind.
+      const std::uint64_t mine = joined_[rank].load();
+      std::string missing;
+      for (std::size_t r = 0; r < members_.size(); ++r) {
+        if (joined_[r].load() < mine) missing += (missing.empty() ? "" : ", ") + members_[r];
+      }
+      if (missing.empty()) missing = "a member";
+      broken_reason_ = fmt::format(
+          "{} on {} waited {} ms for {} to reach collective {} (was a member's trace replayed "
+          "without the others', or a member's work stuck?)",
+          op, members_[rank], timeout_.count(), missing, mine);
+      broken_.store(true);
+      cv_.notify_all();
+      return false;
+    }
+  }
+  return !broken_.load() || arrivals_.load() >= target;
+}
+
+std::string CollectiveGroup::check_slots(std::uint32_t rank) const {
+  for (std::size_t r = 0; r < slots_.size(); ++r) {
+    if (slots_[r].params == nullptr) {
+      return fmt::format("{} did not take part: its queue failed before it ({})", members_[r],
+                         slots_[r].skip_reason);
+    }
+  }
+  const CollectiveParams& mine = *slots_[rank].params;
+  for (std::size_t r = 0; r < slots_.size(); ++r) {
+    const CollectiveParams& p = *slots_[r].params;
+    if (p.op != mine.op || p.dtype != mine.dtype || p.outer != mine.outer ||
+        p.chunk != mine.chunk) {
+      return fmt::format(
+          "the members disagree: {} runs {} of {}x{} {} elements, {} runs {} of {}x{} {} "
+          "elements (every member must run the same collectives in the same order)",
+          members_[rank], op_name(mine.op), mine.outer, mine.chunk, mine.dtype, members_[r],
+          op_name(p.op), p.outer, p.chunk, p.dtype);
+    }
+  }
+  return {};
+}
+
+void CollectiveGroup::run(const CollectiveParams& params) {
+  const std::uint32_t rank = params.rank;
+  RETRACE_ASSERT(rank < members_.size(), "collective rank in the group");
+  if (broken_.load()) fail_broken();
+  const std::uint64_t index = joined_[rank].fetch_add(1);
+  const std::uint64_t n = members_.size();
+  {
+    std::lock_guard lock(mutex_);
+    slots_[rank] = Slot{&params, {}};
+  }
+  if (!arrive_and_wait((2 * index + 1) * n, rank, op_name(params.op))) fail_broken();
+  std::string why;
+  {
+    std::lock_guard lock(mutex_);  // the slots are stable now; the lock orders the reads for TSan
+    why = check_slots(rank);
+  }
+  if (why.empty()) compute(params);
+  if (!arrive_and_wait((2 * index + 2) * n, rank, op_name(params.op))) fail_broken();
+  RETRACE_CHECK(why.empty(), device_error, "{} on {} ({}): {}", op_name(params.op),
+                members_[rank], label_, why);
+}
+
+void CollectiveGroup::skip(const CollectiveParams& params, std::string_view reason) noexcept {
+  const std::uint32_t rank = params.rank;
+  if (rank >= members_.size() || broken_.load()) return;
+  try {
+    const std::uint64_t index = joined_[rank].fetch_add(1);
+    const std::uint64_t n = members_.size();
+    {
+      std::lock_guard lock(mutex_);
+      slots_[rank] = Slot{nullptr, std::string(reason)};
+    }
+    if (!arrive_and_wait((2 * index + 1) * n, rank, op_name(params.op))) return;
+    (void)arrive_and_wait((2 * index + 2) * n, rank, op_name(params.op));
+  } catch (...) {
+    break_group("a member could not record that it skips a collective");
+  }
+}
+
+void CollectiveGroup::compute(const CollectiveParams& params) const {
+  const std::int64_t n = static_cast<std::int64_t>(members_.size());
+  const std::int64_t rank = params.rank;
+  std::vector<const CollectiveParams*> peers(slots_.size());
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t r = 0; r < slots_.size(); ++r) peers[r] = slots_[r].params;
+  }
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(params.dtype));
+  switch (params.op) {
+    case CollectiveOp::all_gather: {
+      // Pull every member's rows into this member's output.
+      auto* dst = static_cast<std::byte*>(params.dst);
+      const std::int64_t row = params.chunk * elem;
+      for (std::int64_t o = 0; o < params.outer; ++o) {
+        for (std::int64_t q = 0; q < n; ++q) {
+          const auto* src = static_cast<const std::byte*>(peers[q]->src);
+          std::memcpy(dst + (o * n + q) * row, src + o * row, static_cast<std::size_t>(row));
+        }
+      }
+      return;
+    }
+    case CollectiveOp::reduce_scatter:
+      with_collective_dtype(params.dtype, [&]<class T>(T) {
+        using S = CollectiveSum<T>;
+        for (std::int64_t o = 0; o < params.outer; ++o) {
+          const std::int64_t base = o * n * params.chunk + rank * params.chunk;
+          for (std::int64_t j = 0; j < params.chunk; ++j) {
+            typename S::acc acc = S::load(peers[0]->src, base + j);
+            for (std::int64_t q = 1; q < n; ++q) acc += S::load(peers[q]->src, base + j);
+            S::store(params.dst, o * params.chunk + j, acc);
+          }
+        }
+      });
+      return;
+    case CollectiveOp::all_reduce: {
+      // Each member sums its share of the elements and writes it to every member's output.
+      const std::int64_t count = params.outer * params.chunk;
+      const std::int64_t lo = count / n * rank + std::min(rank, count % n);
+      const std::int64_t hi = lo + count / n + (rank < count % n ? 1 : 0);
+      with_collective_dtype(params.dtype, [&]<class T>(T) {
+        using S = CollectiveSum<T>;
+        constexpr std::int64_t kBlock = 256;
+        typename S::acc acc[kBlock];
+        for (std::int64_t b = lo; b < hi; b += kBlock) {
+          const std::int64_t len = std::min(kBlock, hi - b);
+          for (std::int64_t j = 0; j < len; ++j) acc[j] = S::load(peers[0]->src, b + j);
+          for (std::int64_t q = 1; q < n; ++q) {
+            for (std::int64_t j = 0; j < len; ++j) acc[j] += S::load(peers[q]->src, b + j);
+          }
+          for (std::int64_t q = 0; q < n; ++q) {
+            for (std::int64_t j = 0; j < len; ++j) S::store(peers[q]->dst, b + j, acc[j]);
+          }
+        }
+      });
+      return;
+    }
+  }
+}
+
+void run_host_collective(const CollectiveParams& params) {
+  static_cast<CollectiveGroup*>(const_cast<void*>(params.group))->run(params);
+}
+
+void skip_host_collective(const CollectiveParams& params, std::string_view reason) noexcept {
+  static_cast<CollectiveGroup*>(const_cast<void*>(params.group))->skip(params, reason);
+}
+
+}  // namespace retrace::detail

@@ -1,0 +1,139 @@
+// CollectiveGroup: the rendezvous of one group of mesh members (a mesh axis of a MeshDevice) for
+// the collectives they run on host-visible memory (CPU devices in one process).
+//
+// Each member's queue runs its part of a collective (a `collective` command, eager or replayed)
+// on its own thread. The group pairs the members' calls by order: the c-th collective a member
+// runs meets the c-th of every other member. A call goes through two barriers: at the first
+// every member has published its buffers (and its queue's work before the collective is done);
+// between them each member computes its share, reading its peers' sources; at the second every
+// member has finished, so no member's next command can overwrite a source a peer still reads.
+//
+// A member whose queue failed before a collective still takes part (skip): it arrives without
+// buffers, and every member's collective fails with an error naming it. A member that never
+// arrives (its trace was replayed alone, its device hangs) makes the others fail after the
+// group's timeout; the group is then broken and every later collective on it fails at once.
+#pragma once
+
+#include "retrace/bfloat16.hpp"
+#include "retrace/device.hpp"
+#include "retrace/kernels.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace retrace::detail {
+
+// Element access for sums: floats accumulate in float32 and round once; integers wrap (unsigned
+// arithmetic, so overflow is defined).
+template <class T>
+struct CollectiveSum;
+template <>
+struct CollectiveSum<float> {
+  using acc = float;
+  static acc load(const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; }
+  static void store(void* p, std::int64_t i, acc v) { static_cast<float*>(p)[i] = v; }
+};
+template <>
+struct CollectiveSum<bfloat16> {
+  using acc = float;
+  static acc load(const void* p, std::int64_t i) {
+    return static_cast<const bfloat16*>(p)[i].to_float();
+  }
+  static void store(void* p, std::int64_t i, acc v) {
+    static_cast<bfloat16*>(p)[i] = bfloat16::from_float(v);
+  }
+};
+template <class U>
+struct CollectiveSumUnsigned {
+  using acc = std::uint32_t;
+  static acc load(const void* p, std::int64_t i) {
+    U v;
+    std::memcpy(&v, static_cast<const std::byte*>(p) + i * static_cast<std::int64_t>(sizeof(U)),
+                sizeof(U));
+    return static_cast<acc>(v);
+  }
+  static void store(void* p, std::int64_t i, acc v) {
+    const auto u = static_cast<U>(v);
+    std::memcpy(static_cast<std::byte*>(p) + i * static_cast<std::int64_t>(sizeof(U)), &u,
+                sizeof(U));
+  }
+};
+template <>
+struct CollectiveSum<std::int32_t> : CollectiveSumUnsigned<std::uint32_t> {};
+template <>
+struct CollectiveSum<std::uint32_t> : CollectiveSumUnsigned<std::uint32_t> {};
+template <>
+struct CollectiveSum<std::uint8_t> : CollectiveSumUnsigned<std::uint8_t> {};
+
+template <class F>
+decltype(auto) with_collective_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(float{});
+    case DType::bfloat16: return f(bfloat16{});
+    case DType::int32: return f(std::int32_t{});
+    case DType::uint32: return f(std::uint32_t{});
+    case DType::uint8: return f(std::uint8_t{});
+  }
+  return f(float{});
+}
+
+
+class CollectiveGroup {
+ public:
+  // `members` in rank order; `label` names the group in errors ("mesh axis 0 [cpu:0, cpu:1]").
+  CollectiveGroup(std::vector<std::string> members, std::string label,
+                  std::chrono::milliseconds timeout);
+  CollectiveGroup(const CollectiveGroup&) = delete;
+  CollectiveGroup& operator=(const CollectiveGroup&) = delete;
+
+  [[nodiscard]] std::size_t size() const noexcept { return members_.size(); }
+  [[nodiscard]] const std::string& label() const noexcept { return label_; }
+  [[nodiscard]] const std::string& member(std::size_t rank) const { return members_[rank]; }
+
+  // This member's part of the collective (called on the member's queue thread). Throws
+  // device_error when a peer failed before it, the members disagree on the operation, or the
+  // group is broken.
+  void run(const CollectiveParams& params);
+  // Takes part without running: this member's queue failed earlier (reason says how).
+  void skip(const CollectiveParams& params, std::string_view reason) noexcept;
+  // Breaks the group: every collective waiting or still to come fails with `reason`.
+  void break_group(std::string reason) noexcept;
+  [[nodiscard]] bool broken() const noexcept { return broken_.load(); }
+  // Collectives completed by every member (for tests and listings).
+  [[nodiscard]] std::uint64_t completed() const noexcept;
+
+ private:
+  struct Slot {
+    const CollectiveParams* params = nullptr;  // null: the member skips
+    std::string skip_reason;
+  };
+
+  // Arrives at barrier number `target` (a multiple of size()); false if the group broke.
+  bool arrive_and_wait(std::uint64_t target, std::uint32_t rank, std::string_view op);
+  // Why this collective cannot run (a peer skipped, the members disagree), or "".
+  [[nodiscard]] std::string check_slots(std::uint32_t rank) const;
+  void compute(const CollectiveParams& params) const;
+  [[noreturn]] void fail_broken() const;
+
+  std::vector<std::string> members_;
+  std::string label_;
+  std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<std::uint64_t> arrivals_{0};  // every member's arrivals at every barrier
+  std::vector<Slot> slots_;                  // one per rank, stable between the two barriers
+  std::unique_ptr<std::atomic<std::uint64_t>[]> joined_;  // per rank: collectives joined
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_;  // written once, under mutex_, before broken_ is set
+};
+
+}  // namespace retrace::detail

@@ -1,0 +1,615 @@
+// MeshDevice, MeshTensor, distribute / gather_to_host and the collective ops (retrace/mesh.hpp).
+#include "retrace/mesh.hpp"
+
+#include "core/collective.hpp"
+#include "retrace/backend.hpp"
+#include "retrace/error.hpp"
+#include "retrace/registry.hpp"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+
+namespace retrace {
+
+namespace detail {
+
+struct MeshState {
+  std::vector<std::unique_ptr<Device>> members;  // emptied when the mesh closes
+  std::vector<std::shared_ptr<DeviceLink>> links;
+  std::vector<std::string> member_names;
+  std::vector<std::size_t> shape;
+  std::string name;
+  MeshOptions options;
+  // groups[axis][g]: the members that share every coordinate but `axis`, in order along it.
+  std::vector<std::vector<std::unique_ptr<CollectiveGroup>>> groups;
+  std::atomic<bool> closed{false};
+
+  [[nodiscard]] std::vector<std::size_t> coords(std::size_t index) const {
+    std::vector<std::size_t> c(shape.size());
+    for (std::size_t a = shape.size(); a-- > 0;) {
+      c[a] = index % shape[a];
+      index /= shape[a];
+    }
+    return c;
+  }
+  // The group of a member along an axis, and the member's rank in it.
+  [[nodiscard]] std::pair<CollectiveGroup*, std::uint32_t> group_of(std::size_t member,
+                                                                    std::size_t axis) const {
+    const std::vector<std::size_t> c = coords(member);
+    std::size_t g = 0;
+    for (std::size_t a = 0; a < shape.size(); ++a) {
+      if (a != axis) g = g * shape[a] + c[a];
+    }
+    return {groups[axis][g].get(), static_cast<std::uint32_t>(c[axis])};
+  }
+  void require_open(std::string_view what) const {
+    RETRACE_CHECK(!closed.load(), failed_precondition, "{}: {} was closed", what, name);
+  }
+};
+
+const MeshTensor* first_mesh_tensor() noexcept { return nullptr; }
+
+void check_same_mesh(const MeshTensor& first, const MeshTensor& other, std::string_view what) {
+  RETRACE_CHECK(!other.is_null(), invalid_argument, "{}: a mesh tensor argument is null", what);
+  RETRACE_CHECK(first.mesh() == other.mesh(), invalid_argument,
+                "{}: the mesh tensors live on different meshes ({} and {})", what,
+                first.to_string(), other.to_string());
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::MeshState;
+
+std::string shape_name(const std::vector<std::size_t>& shape) {
+  return fmt::format("{}", fmt::join(shape, "x"));
+}
+
+// Calls f(box_offset, full_offset, elements) for every contiguous row of the box [off, off+len)
+// of a row-major tensor of extents `full` (offsets in elements, box offsets row-major in len).
+template <class F>
+void for_each_box_row(std::span<const std::int64_t> full, std::span<const std::int64_t> off,
+                      std::span<const std::int64_t> len, F&& f) {
+  const std::size_t rank = full.size();
+  if (rank == 0) {
+    f(0, 0, 1);
+    return;
+  }
+  for (std::int64_t l : len) {
+    if (l == 0) return;
+  }
+  std::vector<std::int64_t> strides(rank, 1);
+  for (std::size_t d = rank - 1; d-- > 0;) strides[d] = strides[d + 1] * full[d + 1];
+  const std::int64_t row = len[rank - 1];
+  std::vector<std::int64_t> idx(rank, 0);  // over the box's outer dims
+  std::int64_t box = 0;
+  for (;;) {
+    std::int64_t at = off[rank - 1];
+    for (std::size_t d = 0; d + 1 < rank; ++d) at += (off[d] + idx[d]) * strides[d];
+    f(box, at, row);
+    box += row;
+    std::size_t d = rank - 1;
+    for (;;) {
+      if (d == 0) return;
+      --d;
+      if (++idx[d] < len[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// The box of the logical tensor that member `index` holds: offsets and extents per dimension.
+void member_box(const MeshState& mesh, std::size_t index, const std::vector<Placement>& placements,
+                const Shape& shard_shape, std::vector<std::int64_t>& off,
+                std::vector<std::int64_t>& len) {
+  const auto dims = shard_shape.dims();
+  len.assign(dims.begin(), dims.end());
+  off.assign(dims.size(), 0);
+  const std::vector<std::size_t> c = mesh.coords(index);
+  for (std::size_t a = 0; a < placements.size(); ++a) {
+    if (placements[a].kind != Placement::Kind::sharded) continue;
+    const auto d = static_cast<std::size_t>(placements[a].dim);
+    // Axes sharding the same dimension are not allowed, so the offsets do not compose.
+    off[d] = static_cast<std::int64_t>(c[a]) * len[d];
+  }
+}
+
+std::string placements_key(const std::vector<Placement>& placements) {
+  std::string key = "[";
+  for (std::size_t a = 0; a < placements.size(); ++a) {
+    key += (a ? ", " : "") + placements[a].to_string();
+  }
+  return key + "]";
+}
+
+// Resolves negative sharded dims and checks the placements against the mesh and a shard rank.
+std::vector<Placement> normalized(std::vector<Placement> placements, const MeshState& mesh,
+                                  std::size_t rank, std::string_view what) {
+  RETRACE_CHECK(placements.size() == mesh.shape.size(), invalid_argument,
+                "{}: {} placements given for {} (one per mesh axis: {})", what, placements.size(),
+                mesh.name, mesh.shape.size());
+  for (std::size_t a = 0; a < placements.size(); ++a) {
+    Placement& p = placements[a];
+    if (p.kind != Placement::Kind::sharded) {
+      p.dim = 0;
+      continue;
+    }
+    const auto r = static_cast<std::int64_t>(rank);
+    RETRACE_CHECK(p.dim >= -r && p.dim < r, invalid_argument,
+                  "{}: mesh axis {} shards dimension {}, but the tensor has rank {}", what, a,
+                  p.dim, rank);
+    if (p.dim < 0) p.dim += r;
+    for (std::size_t b = 0; b < a; ++b) {
+      RETRACE_CHECK(placements[b].kind != Placement::Kind::sharded || placements[b].dim != p.dim,
+                    invalid_argument, "{}: mesh axes {} and {} both shard dimension {}", what, b,
+                    a, p.dim);
+    }
+  }
+  return placements;
+}
+
+}  // namespace
+
+// --- Placement ----------------------------------------------------------------------------------
+
+std::string Placement::to_string() const {
+  switch (kind) {
+    case Kind::replicated: return "R";
+    case Kind::sharded: return fmt::format("S({})", dim);
+    case Kind::partial: return "P";
+  }
+  return "?";
+}
+
+// --- MeshDevice ---------------------------------------------------------------------------------
+
+std::unique_ptr<MeshDevice> MeshDevice::open(std::string_view backend,
+                                             std::vector<std::size_t> shape,
+                                             std::optional<DeviceOptions> member_options,
+                                             MeshOptions options, std::uint32_t first_id) {
+  RETRACE_CHECK(!shape.empty() && shape.size() <= 2, invalid_argument,
+                "MeshDevice::open: a mesh has 1 or 2 axes, got shape [{}]", fmt::join(shape, ", "));
+  std::size_t count = 1;
+  for (std::size_t e : shape) {
+    RETRACE_CHECK(e >= 1 && e <= 64, invalid_argument,
+                  "MeshDevice::open: mesh extents must be in [1, 64], got [{}]",
+                  fmt::join(shape, ", "));
+    count *= e;
+  }
+  std::vector<std::unique_ptr<Device>> members;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::string spec = fmt::format("{}:{}", backend, first_id + i);
+    members.push_back(member_options ? open_device(spec, *member_options) : open_device(spec));
+  }
+  return std::make_unique<MeshDevice>(std::move(members), std::move(shape), options);
+}
+
+MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
+                       std::vector<std::size_t> shape, MeshOptions options)
+    : state_(std::make_shared<MeshState>()) {
+  RETRACE_CHECK(!members.empty(), invalid_argument, "MeshDevice: a mesh needs members");
+  if (shape.empty()) shape = {members.size()};
+  RETRACE_CHECK(shape.size() <= 2, invalid_argument, "MeshDevice: a mesh has 1 or 2 axes, got {}",
+                shape.size());
+  std::size_t count = 1;
+  for (std::size_t e : shape) count *= e;
+  RETRACE_CHECK(count == members.size(), invalid_argument,
+                "MeshDevice: shape {} holds {} members, but {} were given", shape_name(shape),
+                count, members.size());
+  RETRACE_CHECK(options.collective_timeout.count() > 0, invalid_argument,
+                "MeshDevice: collective_timeout must be positive");
+  MeshState& s = *state_;
+  std::vector<std::uint64_t> uids;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    RETRACE_CHECK(members[i] != nullptr && !members[i]->is_closed(), invalid_argument,
+                  "MeshDevice: member {} is {}", i, members[i] ? "closed" : "null");
+    RETRACE_CHECK(members[i]->supports(Capability::async_queues), invalid_argument,
+                  "MeshDevice: member {} ({}) runs its queues on the calling thread; mesh "
+                  "members need queues of their own (CPU devices: ExecutionMode::worker)",
+                  i, members[i]->name());
+    RETRACE_CHECK(std::find(uids.begin(), uids.end(), members[i]->uid()) == uids.end(),
+                  invalid_argument, "MeshDevice: {} is given twice", members[i]->name());
+    uids.push_back(members[i]->uid());
+    s.links.push_back(members[i]->link());
+    s.member_names.push_back(members[i]->name());
+  }
+  s.shape = std::move(shape);
+  s.options = options;
+  s.name = fmt::format("mesh {} [{}]", shape_name(s.shape), fmt::join(s.member_names, ", "));
+  // One collective group per line of members along each axis.
+  s.groups.resize(s.shape.size());
+  for (std::size_t axis = 0; axis < s.shape.size(); ++axis) {
+    const std::size_t lines = count / s.shape[axis];
+    std::vector<std::vector<std::string>> names(lines);
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::vector<std::size_t> c = s.coords(i);
+      std::size_t g = 0;
+      for (std::size_t a = 0; a < s.shape.size(); ++a) {
+        if (a != axis) g = g * s.shape[a] + c[a];
+      }
+      names[g].push_back(s.member_names[i]);  // in order along the axis
+    }
+    for (std::size_t g = 0; g < lines; ++g) {
+      std::string label = fmt::format("mesh axis {} [{}]", axis, fmt::join(names[g], ", "));
+      s.groups[axis].push_back(std::make_unique<detail::CollectiveGroup>(
+          std::move(names[g]), std::move(label), options.collective_timeout));
+    }
+  }
+  s.members = std::move(members);
+}
+
+MeshDevice::~MeshDevice() { close(); }
+
+std::size_t MeshDevice::size() const noexcept { return state_->links.size(); }
+const std::vector<std::size_t>& MeshDevice::shape() const noexcept { return state_->shape; }
+const std::string& MeshDevice::name() const noexcept { return state_->name; }
+bool MeshDevice::is_closed() const noexcept { return state_->closed.load(); }
+
+Device& MeshDevice::member(std::size_t index) const {
+  state_->require_open("MeshDevice::member");
+  RETRACE_CHECK(index < size(), invalid_argument, "MeshDevice::member: {} has {} members, not {}",
+                name(), size(), index + 1);
+  return *state_->members[index];
+}
+
+Device& MeshDevice::at(std::size_t row, std::size_t col) const {
+  RETRACE_CHECK(rank() == 2, invalid_argument, "MeshDevice::at: {} is not a 2-D mesh", name());
+  RETRACE_CHECK(row < shape()[0] && col < shape()[1], invalid_argument,
+                "MeshDevice::at: ({}, {}) is outside {}", row, col, name());
+  return member(row * shape()[1] + col);
+}
+
+std::vector<std::size_t> MeshDevice::coords(std::size_t index) const {
+  RETRACE_CHECK(index < size(), invalid_argument, "MeshDevice::coords: {} has {} members, not {}",
+                name(), size(), index + 1);
+  return state_->coords(index);
+}
+
+std::vector<Device*> MeshDevice::devices() const {
+  state_->require_open("MeshDevice::devices");
+  std::vector<Device*> out;
+  for (const auto& m : state_->members) out.push_back(m.get());
+  return out;
+}
+
+void MeshDevice::synchronize() {
+  state_->require_open("MeshDevice::synchronize");
+  for (const auto& m : state_->members) m->synchronize();
+}
+
+void MeshDevice::close() noexcept {
+  if (state_->closed.exchange(true)) return;
+  // Collectives still waiting for a peer would keep a member's close waiting: fail them.
+  for (auto& axis : state_->groups) {
+    for (auto& group : axis) group->break_group(fmt::format("{} was closed", state_->name));
+  }
+  for (auto& m : state_->members) m->close();
+  state_->members.clear();
+}
+
+// --- MeshTensor ---------------------------------------------------------------------------------
+
+MeshTensor::MeshTensor(std::vector<Tensor> shards, const MeshDevice& mesh,
+                       std::vector<Placement> placements)
+    : MeshTensor(from_shards(std::move(shards), mesh.state(), std::move(placements))) {}
+
+MeshTensor MeshTensor::from_shards(std::vector<Tensor> shards,
+                                   std::shared_ptr<detail::MeshState> mesh,
+                                   std::vector<Placement> placements) {
+  RETRACE_CHECK(mesh != nullptr, invalid_argument, "MeshTensor: no mesh");
+  mesh->require_open("MeshTensor");
+  RETRACE_CHECK(shards.size() == mesh->links.size(), invalid_argument,
+                "MeshTensor: {} shards for {} ({} members)", shards.size(), mesh->name,
+                mesh->links.size());
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const Tensor& t = shards[i];
+    RETRACE_CHECK(t.on_device(), invalid_argument, "MeshTensor: shard {} is {}", i,
+                  t.is_null() ? "a null tensor" : "a host tensor");
+    RETRACE_CHECK(t.buffer()->link().uid == mesh->links[i]->uid, invalid_argument,
+                  "MeshTensor: shard {} is on {}, but member {} of {} is {}", i,
+                  t.buffer()->link().name, i, mesh->name, mesh->member_names[i]);
+    RETRACE_CHECK(t.shape() == shards[0].shape() && t.dtype() == shards[0].dtype() &&
+                      t.layout() == shards[0].layout(),
+                  invalid_argument, "MeshTensor: shard {} is {} {} {}, but shard 0 is {} {} {}", i,
+                  t.shape(), t.dtype(), t.layout(), shards[0].shape(), shards[0].dtype(),
+                  shards[0].layout());
+  }
+  MeshTensor out;
+  out.placements_ = normalized(std::move(placements), *mesh, shards[0].shape().rank(), "MeshTensor");
+  std::vector<std::int64_t> dims(shards[0].shape().dims().begin(), shards[0].shape().dims().end());
+  for (std::size_t a = 0; a < out.placements_.size(); ++a) {
+    if (out.placements_[a].kind != Placement::Kind::sharded) continue;
+    auto& d = dims[static_cast<std::size_t>(out.placements_[a].dim)];
+    const auto extent = static_cast<std::int64_t>(mesh->shape[a]);
+    RETRACE_CHECK(d <= INT64_MAX / extent, invalid_argument,
+                  "MeshTensor: the logical shape overflows");
+    d *= extent;
+  }
+  out.shape_ = Shape(std::span<const std::int64_t>(dims));
+  out.placement_key_ = placements_key(out.placements_);
+  out.shards_ = std::move(shards);
+  out.mesh_ = std::move(mesh);
+  return out;
+}
+
+const Tensor& MeshTensor::shard(std::size_t member) const {
+  RETRACE_CHECK(member < shards_.size(), invalid_argument,
+                "MeshTensor::shard: {} has {} shards, not {}", to_string(), shards_.size(),
+                member + 1);
+  return shards_[member];
+}
+
+DType MeshTensor::dtype() const {
+  RETRACE_CHECK(!is_null(), invalid_argument, "MeshTensor::dtype: the mesh tensor is null");
+  return shards_[0].dtype();
+}
+
+MeshTensor MeshTensor::with_placements(std::vector<Placement> placements) const {
+  RETRACE_CHECK(!is_null(), invalid_argument, "with_placements: the mesh tensor is null");
+  return from_shards(shards_, mesh_, std::move(placements));
+}
+
+std::string MeshTensor::to_string() const {
+  if (is_null()) return "MeshTensor(null)";
+  return fmt::format("MeshTensor({}, {}, {}, {})", shape_, shards_[0].dtype(), placement_key_,
+                     mesh_->name);
+}
+
+// --- distribute / gather_to_host ----------------------------------------------------------------
+
+MeshTensor distribute(const Tensor& tensor, const MeshDevice& mesh,
+                      std::vector<Placement> placements, QueueId queue) {
+  tensor.check_not_null("distribute", "tensor");
+  const MeshState& s = *mesh.state();
+  s.require_open("distribute");
+  placements = normalized(std::move(placements), s, tensor.shape().rank(), "distribute");
+  RETRACE_CHECK(tensor.layout() == Layout::row_major, invalid_argument,
+                "distribute: the tensor is in {} layout; distribute row-major tensors",
+                tensor.layout());
+  std::vector<std::int64_t> shard_dims(tensor.shape().dims().begin(), tensor.shape().dims().end());
+  for (std::size_t a = 0; a < placements.size(); ++a) {
+    RETRACE_CHECK(placements[a].kind != Placement::Kind::partial, invalid_argument,
+                  "distribute: mesh axis {} is partial; a value is distributed replicated or "
+                  "sharded (partial placements come from mesh_map)",
+                  a);
+    if (placements[a].kind != Placement::Kind::sharded) continue;
+    const auto d = static_cast<std::size_t>(placements[a].dim);
+    const auto extent = static_cast<std::int64_t>(s.shape[a]);
+    RETRACE_CHECK(shard_dims[d] % extent == 0, invalid_argument,
+                  "distribute: dimension {} of {} ({}) does not split evenly over mesh axis {} "
+                  "({} members)",
+                  d, tensor.shape(), shard_dims[d], a, extent);
+    shard_dims[d] /= extent;
+  }
+  const Tensor host = tensor.on_host() ? tensor : tensor.to_host(queue);
+  const Shape shard_shape{std::span<const std::int64_t>(shard_dims)};
+  const auto elem = static_cast<std::int64_t>(dtype_size(tensor.dtype()));
+  const auto full = tensor.shape().dims();
+  std::vector<Tensor> shards;
+  std::vector<std::int64_t> off, len;
+  for (std::size_t i = 0; i < mesh.size(); ++i) {
+    Tensor part = Tensor::empty_host(shard_shape, tensor.dtype());
+    member_box(s, i, placements, shard_shape, off, len);
+    const std::byte* src = host.host_bytes().data();
+    std::byte* dst = part.host_bytes_mutable().data();
+    for_each_box_row(full, off, len, [&](std::int64_t box, std::int64_t at, std::int64_t n) {
+      std::memcpy(dst + box * elem, src + at * elem, static_cast<std::size_t>(n * elem));
+    });
+    shards.push_back(part.to_device(mesh.member(i), queue));
+  }
+  return MeshTensor::from_shards(std::move(shards), mesh.state(), std::move(placements));
+}
+
+Tensor gather_to_host(const MeshTensor& tensor, QueueId queue) {
+  RETRACE_CHECK(!tensor.is_null(), invalid_argument, "gather_to_host: the mesh tensor is null");
+  const MeshState& s = *tensor.mesh();
+  s.require_open("gather_to_host");
+  const auto& placements = tensor.placements();
+  const Tensor& first = tensor.shard(0);
+  RETRACE_CHECK(first.layout() == Layout::row_major, invalid_argument,
+                "gather_to_host: the shards are in {} layout", first.layout());
+  const DType dtype = first.dtype();
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  Tensor out = Tensor::empty_host(tensor.shape(), dtype);
+  const bool partial = std::any_of(placements.begin(), placements.end(), [](const Placement& p) {
+    return p.kind == Placement::Kind::partial;
+  });
+  const auto full = tensor.shape().dims();
+  std::vector<std::int64_t> off, len;
+  // Partial values accumulate (floats in float32) in member order and are rounded once.
+  std::vector<float> acc_f;
+  std::vector<std::uint32_t> acc_u;
+  std::vector<char> seen;  // per element: has a summand
+  const bool floating = dtype_info(dtype).is_floating;
+  if (partial) {
+    (floating ? acc_f.resize(static_cast<std::size_t>(out.numel()))
+              : acc_u.resize(static_cast<std::size_t>(out.numel())));
+    seen.assign(static_cast<std::size_t>(out.numel()), 0);
+  }
+  for (std::size_t i = 0; i < tensor.shards().size(); ++i) {
+    const std::vector<std::size_t> c = s.coords(i);
+    bool take = true;
+    for (std::size_t a = 0; a < placements.size(); ++a) {
+      if (placements[a].kind == Placement::Kind::replicated && c[a] != 0) take = false;
+    }
+    if (!take) continue;
+    const Tensor part = tensor.shard(i).to_host(queue);
+    member_box(s, i, placements, part.shape(), off, len);
+    const std::byte* src = part.host_bytes().data();
+    if (!partial) {
+      std::byte* dst = out.host_bytes_mutable().data();
+      for_each_box_row(full, off, len, [&](std::int64_t box, std::int64_t at, std::int64_t n) {
+        std::memcpy(dst + at * elem, src + box * elem, static_cast<std::size_t>(n * elem));
+      });
+      continue;
+    }
+    detail::with_collective_dtype(dtype, [&]<class T>(T) {
+      using S = detail::CollectiveSum<T>;
+      for_each_box_row(full, off, len, [&](std::int64_t box, std::int64_t at, std::int64_t n) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const auto e = static_cast<std::size_t>(at + j);
+          const auto v = S::load(src, box + j);
+          if constexpr (std::is_same_v<typename S::acc, float>) {
+            acc_f[e] = seen[e] ? acc_f[e] + v : v;
+          } else {
+            acc_u[e] = seen[e] ? acc_u[e] + v : v;
+          }
+          seen[e] = 1;
+        }
+      });
+    });
+  }
+  if (partial) {
+    detail::with_collective_dtype(dtype, [&]<class T>(T) {
+      using S = detail::CollectiveSum<T>;
+      void* dst = out.host_bytes_mutable().data();
+      for (std::int64_t i = 0; i < out.numel(); ++i) {
+        if constexpr (std::is_same_v<typename S::acc, float>) {
+          S::store(dst, i, acc_f[static_cast<std::size_t>(i)]);
+        } else {
+          S::store(dst, i, acc_u[static_cast<std::size_t>(i)]);
+        }
+      }
+    });
+  }
+  return out;
+}
+
+// --- collectives --------------------------------------------------------------------------------
+
+namespace {
+
+MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op,
+                          std::int64_t dim, QueueId queue, const char* name) {
+  RETRACE_CHECK(!x.is_null(), invalid_argument, "{}: the mesh tensor is null", name);
+  const MeshState& s = *x.mesh();
+  s.require_open(name);
+  RETRACE_CHECK(axis < s.shape.size(), invalid_argument, "{}: mesh axis {} does not exist on {}",
+                name, axis, s.name);
+  const Placement in = x.placements()[axis];
+  const Tensor& first = x.shard(0);
+  RETRACE_CHECK(first.layout() == Layout::row_major, invalid_argument,
+                "{}: the shards are in {} layout; collectives take row-major tensors", name,
+                first.layout());
+  const auto n = static_cast<std::int64_t>(s.shape[axis]);
+  const auto dims = first.shape().dims();
+  std::vector<std::int64_t> out_dims(dims.begin(), dims.end());
+  std::vector<Placement> placements = x.placements();
+  std::int64_t outer = 1;
+  std::int64_t chunk = first.numel();
+  const auto split_at = [&](std::int64_t d) {
+    outer = 1;
+    for (std::int64_t k = 0; k < d; ++k) outer *= dims[static_cast<std::size_t>(k)];
+    chunk = outer == 0 ? 0 : first.numel() / outer;
+  };
+  switch (op) {
+    case CollectiveOp::all_reduce:
+      RETRACE_CHECK(in.kind == Placement::Kind::partial, invalid_argument,
+                    "{}: {} is {} along mesh axis {}; all_reduce sums partial values (declare "
+                    "them with mesh_map or with_placements; all_gather assembles shards)",
+                    name, x.to_string(), in.to_string(), axis);
+      placements[axis] = Placement::replicate();
+      break;
+    case CollectiveOp::all_gather: {
+      RETRACE_CHECK(in.kind == Placement::Kind::sharded, invalid_argument,
+                    "{}: {} is {} along mesh axis {}; all_gather assembles a sharded dimension",
+                    name, x.to_string(), in.to_string(), axis);
+      split_at(in.dim);
+      out_dims[static_cast<std::size_t>(in.dim)] *= n;
+      placements[axis] = Placement::replicate();
+      break;
+    }
+    case CollectiveOp::reduce_scatter: {
+      RETRACE_CHECK(in.kind == Placement::Kind::partial, invalid_argument,
+                    "{}: {} is {} along mesh axis {}; reduce_scatter sums partial values", name,
+                    x.to_string(), in.to_string(), axis);
+      const auto rank = static_cast<std::int64_t>(dims.size());
+      RETRACE_CHECK(dim >= -rank && dim < rank, invalid_argument,
+                    "{}: dimension {} does not exist in shards of shape {}", name, dim,
+                    first.shape());
+      if (dim < 0) dim += rank;
+      for (std::size_t a = 0; a < placements.size(); ++a) {
+        RETRACE_CHECK(placements[a].kind != Placement::Kind::sharded || placements[a].dim != dim,
+                      invalid_argument, "{}: dimension {} is already sharded along mesh axis {}",
+                      name, dim, a);
+      }
+      RETRACE_CHECK(dims[static_cast<std::size_t>(dim)] % n == 0, invalid_argument,
+                    "{}: dimension {} of {} ({}) does not split evenly over mesh axis {} ({} "
+                    "members)",
+                    name, dim, first.shape(), dims[static_cast<std::size_t>(dim)], axis, n);
+      out_dims[static_cast<std::size_t>(dim)] /= n;
+      split_at(dim);
+      chunk /= n;
+      placements[axis] = Placement::shard(dim);
+      break;
+    }
+  }
+  const Shape out_shape{std::span<const std::int64_t>(out_dims)};
+
+  // Everything that can fail is checked on every member before anything is enqueued on any.
+  const std::size_t count = x.shards().size();
+  std::vector<Device*> devices(count);
+  std::size_t capturing = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    Device& d = x.shard(i).require_device(name, "shard");
+    RETRACE_CHECK(d.supports(Capability::host_visible_memory), unimplemented,
+                  "{}: collectives between {} devices are not built yet (member {})", name,
+                  d.backend(), d.name());
+    devices[i] = &d;
+    if (d.is_capturing_on_this_thread()) ++capturing;
+  }
+  RETRACE_CHECK(capturing == 0 || capturing == count, failed_precondition,
+                "{}: {} of the {} members of {} are capturing on this thread; a collective is "
+                "captured on every member or on none",
+                name, capturing, count, s.name);
+  std::vector<Tensor> out;
+  out.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    out.push_back(Tensor::empty(out_shape, first.dtype(), *devices[i]));
+  }
+  if (outer * chunk > 0) {
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto [group, rank] = s.group_of(i, axis);
+      CollectiveParams params{group,  x.shard(i).buffer()->data(), out[i].buffer()->data(),
+                              outer,  chunk,  first.dtype(), op, rank};
+      Buffer* buffers[] = {x.shard(i).buffer().get(), out[i].buffer().get()};
+      try {
+        devices[i]->enqueue(queue, make_launch(name, params, buffers));
+      } catch (const Error& e) {
+        // The members enqueued before would wait for this one forever: fail their groups.
+        for (auto& g : s.groups[axis]) {
+          g->break_group(fmt::format("{} could not be enqueued on {}: {}", name,
+                                     devices[i]->name(), e.message()));
+        }
+        throw;
+      }
+    }
+  }
+  return MeshTensor::from_shards(std::move(out), x.mesh(), std::move(placements));
+}
+
+}  // namespace
+
+namespace ops {
+
+MeshTensor all_reduce(const MeshTensor& x, std::size_t mesh_axis, QueueId queue) {
+  return run_collective(x, mesh_axis, CollectiveOp::all_reduce, 0, queue, "all_reduce");
+}
+
+MeshTensor all_gather(const MeshTensor& x, std::size_t mesh_axis, QueueId queue) {
+  return run_collective(x, mesh_axis, CollectiveOp::all_gather, 0, queue, "all_gather");
+}
+
+MeshTensor reduce_scatter(const MeshTensor& x, std::int64_t dim, std::size_t mesh_axis,
+                          QueueId queue) {
+  return run_collective(x, mesh_axis, CollectiveOp::reduce_scatter, dim, queue, "reduce_scatter");
+}
+
+}  // namespace ops
+
+}  // namespace retrace
