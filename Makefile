@@ -53,6 +53,7 @@ bench:
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer
+	./build/bin/retrace_bench_mesh
 	$(MAKE) python
 	$(PYTHON) bench/python/call_overhead.py --json build/bench_python_calls.json
 
