@@ -41,8 +41,11 @@ CollectiveGroup::CollectiveGroup(std::vector<std::string> members, std::string l
   RETRACE_ASSERT(!members_.empty(), "a collective group has members");
 }
 
-std::uint64_t CollectiveGroup::completed() const noexcept {
-  return arrivals_.load() / (2 * members_.size());
+std::uint64_t CollectiveGroup::publish(std::uint32_t rank, Slot slot) {
+  const std::uint64_t index = joined_[rank].fetch_add(1);
+  std::lock_guard lock(mutex_);
+  slots_[rank] = std::move(slot);
+  return index;
 }
 
 void CollectiveGroup::break_group(std::string reason) noexcept {
@@ -124,18 +127,10 @@ void CollectiveGroup::run(const CollectiveParams& params) {
   const std::uint32_t rank = params.rank;
   RETRACE_ASSERT(rank < members_.size(), "collective rank in the group");
   if (broken_.load()) fail_broken();
-  const std::uint64_t index = joined_[rank].fetch_add(1);
+  const std::uint64_t index = publish(rank, Slot{&params, {}});
   const std::uint64_t n = members_.size();
-  {
-    std::lock_guard lock(mutex_);
-    slots_[rank] = Slot{&params, {}};
-  }
   if (!arrive_and_wait((2 * index + 1) * n, rank, op_name(params.op))) fail_broken();
-  std::string why;
-  {
-    std::lock_guard lock(mutex_);  // the slots are stable now; the lock orders the reads for TSan
-    why = check_slots(rank);
-  }
+  const std::string why = check_slots(rank);  // the slots are stable between the barriers
   if (why.empty()) compute(params);
   if (!arrive_and_wait((2 * index + 2) * n, rank, op_name(params.op))) fail_broken();
   RETRACE_CHECK(why.empty(), device_error, "{} on {} ({}): {}", op_name(params.op),
@@ -146,12 +141,8 @@ void CollectiveGroup::skip(const CollectiveParams& params, std::string_view reas
   const std::uint32_t rank = params.rank;
   if (rank >= members_.size() || broken_.load()) return;
   try {
-    const std::uint64_t index = joined_[rank].fetch_add(1);
+    const std::uint64_t index = publish(rank, Slot{nullptr, std::string(reason)});
     const std::uint64_t n = members_.size();
-    {
-      std::lock_guard lock(mutex_);
-      slots_[rank] = Slot{nullptr, std::string(reason)};
-    }
     if (!arrive_and_wait((2 * index + 1) * n, rank, op_name(params.op))) return;
     (void)arrive_and_wait((2 * index + 2) * n, rank, op_name(params.op));
   } catch (...) {
@@ -162,11 +153,9 @@ void CollectiveGroup::skip(const CollectiveParams& params, std::string_view reas
 void CollectiveGroup::compute(const CollectiveParams& params) const {
   const std::int64_t n = static_cast<std::int64_t>(members_.size());
   const std::int64_t rank = params.rank;
-  std::vector<const CollectiveParams*> peers(slots_.size());
-  {
-    std::lock_guard lock(mutex_);
-    for (std::size_t r = 0; r < slots_.size(); ++r) peers[r] = slots_[r].params;
-  }
+  // Every peer published its slot before its arrival at the first barrier, which this member
+  // has seen: the reads need no lock, and the slots stay put until the second barrier.
+  const auto peer = [this](std::int64_t q) { return slots_[static_cast<std::size_t>(q)].params; };
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(params.dtype));
   switch (params.op) {
     case CollectiveOp::all_gather: {
@@ -175,7 +164,7 @@ void CollectiveGroup::compute(const CollectiveParams& params) const {
       const std::int64_t row = params.chunk * elem;
       for (std::int64_t o = 0; o < params.outer; ++o) {
         for (std::int64_t q = 0; q < n; ++q) {
-          const auto* src = static_cast<const std::byte*>(peers[q]->src);
+          const auto* src = static_cast<const std::byte*>(peer(q)->src);
           std::memcpy(dst + (o * n + q) * row, src + o * row, static_cast<std::size_t>(row));
         }
       }
@@ -187,8 +176,8 @@ void CollectiveGroup::compute(const CollectiveParams& params) const {
         for (std::int64_t o = 0; o < params.outer; ++o) {
           const std::int64_t base = o * n * params.chunk + rank * params.chunk;
           for (std::int64_t j = 0; j < params.chunk; ++j) {
-            typename S::acc acc = S::load(peers[0]->src, base + j);
-            for (std::int64_t q = 1; q < n; ++q) acc += S::load(peers[q]->src, base + j);
+            typename S::acc acc = S::load(peer(0)->src, base + j);
+            for (std::int64_t q = 1; q < n; ++q) acc += S::load(peer(q)->src, base + j);
             S::store(params.dst, o * params.chunk + j, acc);
           }
         }
@@ -205,12 +194,12 @@ void CollectiveGroup::compute(const CollectiveParams& params) const {
         typename S::acc acc[kBlock];
         for (std::int64_t b = lo; b < hi; b += kBlock) {
           const std::int64_t len = std::min(kBlock, hi - b);
-          for (std::int64_t j = 0; j < len; ++j) acc[j] = S::load(peers[0]->src, b + j);
+          for (std::int64_t j = 0; j < len; ++j) acc[j] = S::load(peer(0)->src, b + j);
           for (std::int64_t q = 1; q < n; ++q) {
-            for (std::int64_t j = 0; j < len; ++j) acc[j] += S::load(peers[q]->src, b + j);
+            for (std::int64_t j = 0; j < len; ++j) acc[j] += S::load(peer(q)->src, b + j);
           }
           for (std::int64_t q = 0; q < n; ++q) {
-            for (std::int64_t j = 0; j < len; ++j) S::store(peers[q]->dst, b + j, acc[j]);
+            for (std::int64_t j = 0; j < len; ++j) S::store(peer(q)->dst, b + j, acc[j]);
           }
         }
       });

@@ -107,8 +107,6 @@ class CollectiveGroup {
   // Breaks the group: every collective waiting or still to come fails with `reason`.
   void break_group(std::string reason) noexcept;
   [[nodiscard]] bool broken() const noexcept { return broken_.load(); }
-  // Collectives completed by every member (for tests and listings).
-  [[nodiscard]] std::uint64_t completed() const noexcept;
 
  private:
   struct Slot {
@@ -116,6 +114,8 @@ class CollectiveGroup {
     std::string skip_reason;
   };
 
+  // Joins the member's next collective with its slot; returns the collective's index.
+  std::uint64_t publish(std::uint32_t rank, Slot slot);
   // Arrives at barrier number `target` (a multiple of size()); false if the group broke.
   bool arrive_and_wait(std::uint64_t target, std::uint32_t rank, std::string_view op);
   // Why this collective cannot run (a peer skipped, the members disagree), or "".

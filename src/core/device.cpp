@@ -185,20 +185,20 @@ QueueId Device::resolve_queue(QueueId queue, std::string_view what) const {
 
 bool Device::is_capturing_on_this_thread() const noexcept {
   const detail::DeviceCore& c = *core_;
-  if (!c.capturing.load()) return false;
+  if (!c.capturing.load()) [[likely]] return false;
   std::lock_guard lock(c.mutex);
   return c.capture_queue && c.capture_thread == std::this_thread::get_id();
 }
 
 void Device::check_not_capturing(std::string_view what) const {
+  if (!is_capturing_on_this_thread()) [[likely]] return;
+  // This thread's capture cannot end while this thread is here.
   const detail::DeviceCore& c = *core_;
-  if (!c.capturing.load()) [[likely]] return;
   std::lock_guard lock(c.mutex);
-  RETRACE_CHECK(!c.capture_queue || c.capture_thread != std::this_thread::get_id(),
-                capture_violation,
-                "{} is not allowed while {} is capturing trace {}; end the capture with "
-                "end_trace_capture first",
-                what, queue_label(*c.capture_queue), c.capture_trace);
+  RETRACE_FAIL(capture_violation,
+               "{} is not allowed while {} is capturing trace {}; end the capture with "
+               "end_trace_capture first",
+               what, queue_label(*c.capture_queue), c.capture_trace);
 }
 
 void Device::check_queue_not_capturing(QueueId queue, std::string_view what) const {

@@ -36,15 +36,19 @@ struct MeshState {
     }
     return c;
   }
-  // The group of a member along an axis, and the member's rank in it.
-  [[nodiscard]] std::pair<CollectiveGroup*, std::uint32_t> group_of(std::size_t member,
-                                                                    std::size_t axis) const {
-    const std::vector<std::size_t> c = coords(member);
+  // Which line of members along `axis` a member is on (its coordinates but the axis').
+  [[nodiscard]] std::size_t line_of(const std::vector<std::size_t>& c, std::size_t axis) const {
     std::size_t g = 0;
     for (std::size_t a = 0; a < shape.size(); ++a) {
       if (a != axis) g = g * shape[a] + c[a];
     }
-    return {groups[axis][g].get(), static_cast<std::uint32_t>(c[axis])};
+    return g;
+  }
+  // The group of a member along an axis, and the member's rank in it.
+  [[nodiscard]] std::pair<CollectiveGroup*, std::uint32_t> group_of(std::size_t member,
+                                                                    std::size_t axis) const {
+    const std::vector<std::size_t> c = coords(member);
+    return {groups[axis][line_of(c, axis)].get(), static_cast<std::uint32_t>(c[axis])};
   }
   void require_open(std::string_view what) const {
     RETRACE_CHECK(!closed.load(), failed_precondition, "{}: {} was closed", what, name);
@@ -117,6 +121,17 @@ void member_box(const MeshState& mesh, std::size_t index, const std::vector<Plac
     // Axes sharding the same dimension are not allowed, so the offsets do not compose.
     off[d] = static_cast<std::int64_t>(c[a]) * len[d];
   }
+}
+
+// The extent of dimension `dim` of `shape` on each of the `members` of mesh axis `axis`.
+std::int64_t split_extent(std::string_view what, const Shape& shape, std::size_t dim,
+                          std::size_t axis, std::size_t members) {
+  const std::int64_t extent = shape.dims()[dim];
+  const auto n = static_cast<std::int64_t>(members);
+  RETRACE_CHECK(extent % n == 0, invalid_argument,
+                "{}: dimension {} of {} ({}) does not split evenly over mesh axis {} ({} members)",
+                what, dim, shape, extent, axis, n);
+  return extent / n;
 }
 
 std::string placements_key(const std::vector<Placement>& placements) {
@@ -227,12 +242,7 @@ MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
     const std::size_t lines = count / s.shape[axis];
     std::vector<std::vector<std::string>> names(lines);
     for (std::size_t i = 0; i < count; ++i) {
-      const std::vector<std::size_t> c = s.coords(i);
-      std::size_t g = 0;
-      for (std::size_t a = 0; a < s.shape.size(); ++a) {
-        if (a != axis) g = g * s.shape[a] + c[a];
-      }
-      names[g].push_back(s.member_names[i]);  // in order along the axis
+      names[s.line_of(s.coords(i), axis)].push_back(s.member_names[i]);  // in order along it
     }
     for (std::size_t g = 0; g < lines; ++g) {
       std::string label = fmt::format("mesh axis {} [{}]", axis, fmt::join(names[g], ", "));
@@ -379,12 +389,7 @@ MeshTensor distribute(const Tensor& tensor, const MeshDevice& mesh,
                   a);
     if (placements[a].kind != Placement::Kind::sharded) continue;
     const auto d = static_cast<std::size_t>(placements[a].dim);
-    const auto extent = static_cast<std::int64_t>(s.shape[a]);
-    RETRACE_CHECK(shard_dims[d] % extent == 0, invalid_argument,
-                  "distribute: dimension {} of {} ({}) does not split evenly over mesh axis {} "
-                  "({} members)",
-                  d, tensor.shape(), shard_dims[d], a, extent);
-    shard_dims[d] /= extent;
+    shard_dims[d] = split_extent("distribute", tensor.shape(), d, a, s.shape[a]);
   }
   const Tensor host = tensor.on_host() ? tensor : tensor.to_host(queue);
   const Shape shard_shape{std::span<const std::int64_t>(shard_dims)};
@@ -421,62 +426,48 @@ Tensor gather_to_host(const MeshTensor& tensor, QueueId queue) {
   });
   const auto full = tensor.shape().dims();
   std::vector<std::int64_t> off, len;
-  // Partial values accumulate (floats in float32) in member order and are rounded once.
-  std::vector<float> acc_f;
-  std::vector<std::uint32_t> acc_u;
-  std::vector<char> seen;  // per element: has a summand
-  const bool floating = dtype_info(dtype).is_floating;
-  if (partial) {
-    (floating ? acc_f.resize(static_cast<std::size_t>(out.numel()))
-              : acc_u.resize(static_cast<std::size_t>(out.numel())));
-    seen.assign(static_cast<std::size_t>(out.numel()), 0);
-  }
-  for (std::size_t i = 0; i < tensor.shards().size(); ++i) {
-    const std::vector<std::size_t> c = s.coords(i);
-    bool take = true;
-    for (std::size_t a = 0; a < placements.size(); ++a) {
-      if (placements[a].kind == Placement::Kind::replicated && c[a] != 0) take = false;
+  // The members that hold values: the first along every replicated axis, all along the others.
+  const auto each_holder = [&](auto&& f) {
+    for (std::size_t i = 0; i < tensor.shards().size(); ++i) {
+      const std::vector<std::size_t> c = s.coords(i);
+      bool take = true;
+      for (std::size_t a = 0; a < placements.size(); ++a) {
+        if (placements[a].kind == Placement::Kind::replicated && c[a] != 0) take = false;
+      }
+      if (!take) continue;
+      const Tensor part = tensor.shard(i).to_host(queue);
+      member_box(s, i, placements, part.shape(), off, len);
+      f(part.host_bytes().data());
     }
-    if (!take) continue;
-    const Tensor part = tensor.shard(i).to_host(queue);
-    member_box(s, i, placements, part.shape(), off, len);
-    const std::byte* src = part.host_bytes().data();
-    if (!partial) {
-      std::byte* dst = out.host_bytes_mutable().data();
+  };
+  if (!partial) {
+    std::byte* dst = out.host_bytes_mutable().data();
+    each_holder([&](const std::byte* src) {
       for_each_box_row(full, off, len, [&](std::int64_t box, std::int64_t at, std::int64_t n) {
         std::memcpy(dst + at * elem, src + box * elem, static_cast<std::size_t>(n * elem));
       });
-      continue;
-    }
-    detail::with_collective_dtype(dtype, [&]<class T>(T) {
-      using S = detail::CollectiveSum<T>;
+    });
+    return out;
+  }
+  // Partial values accumulate (floats in float32) in member order and are rounded once.
+  detail::with_collective_dtype(dtype, [&]<class T>(T) {
+    using S = detail::CollectiveSum<T>;
+    const auto count = static_cast<std::size_t>(out.numel());
+    std::vector<typename S::acc> acc(count);
+    std::vector<char> seen(count, 0);  // per element: has a summand
+    each_holder([&](const std::byte* src) {
       for_each_box_row(full, off, len, [&](std::int64_t box, std::int64_t at, std::int64_t n) {
         for (std::int64_t j = 0; j < n; ++j) {
           const auto e = static_cast<std::size_t>(at + j);
           const auto v = S::load(src, box + j);
-          if constexpr (std::is_same_v<typename S::acc, float>) {
-            acc_f[e] = seen[e] ? acc_f[e] + v : v;
-          } else {
-            acc_u[e] = seen[e] ? acc_u[e] + v : v;
-          }
+          acc[e] = seen[e] ? acc[e] + v : v;
           seen[e] = 1;
         }
       });
     });
-  }
-  if (partial) {
-    detail::with_collective_dtype(dtype, [&]<class T>(T) {
-      using S = detail::CollectiveSum<T>;
-      void* dst = out.host_bytes_mutable().data();
-      for (std::int64_t i = 0; i < out.numel(); ++i) {
-        if constexpr (std::is_same_v<typename S::acc, float>) {
-          S::store(dst, i, acc_f[static_cast<std::size_t>(i)]);
-        } else {
-          S::store(dst, i, acc_u[static_cast<std::size_t>(i)]);
-        }
-      }
-    });
-  }
+    void* dst = out.host_bytes_mutable().data();
+    for (std::size_t e = 0; e < count; ++e) S::store(dst, static_cast<std::int64_t>(e), acc[e]);
+  });
   return out;
 }
 
@@ -538,11 +529,8 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
                       invalid_argument, "{}: dimension {} is already sharded along mesh axis {}",
                       name, dim, a);
       }
-      RETRACE_CHECK(dims[static_cast<std::size_t>(dim)] % n == 0, invalid_argument,
-                    "{}: dimension {} of {} ({}) does not split evenly over mesh axis {} ({} "
-                    "members)",
-                    name, dim, first.shape(), dims[static_cast<std::size_t>(dim)], axis, n);
-      out_dims[static_cast<std::size_t>(dim)] /= n;
+      out_dims[static_cast<std::size_t>(dim)] =
+          split_extent(name, first.shape(), static_cast<std::size_t>(dim), axis, s.shape[axis]);
       split_at(dim);
       chunk /= n;
       placements[axis] = Placement::shard(dim);

@@ -1,5 +1,6 @@
-// CPU kernels for fill, copy, assert_finite and collectives, and the resolver that maps every KernelId to the
-// CPU kernel specialised for its dtype and operation (so a replay calls the right loop directly).
+// CPU kernels for fill, copy, assert_finite and collectives, and the resolver that maps every
+// KernelId to the CPU kernel specialised for its dtype and operation (so a replay calls the
+// right loop directly).
 #include "cpu/elementwise.hpp"
 #include "cpu/kernels_internal.hpp"
 #include "retrace/backend.hpp"
