@@ -1,5 +1,6 @@
 // Mesh devices: distribute / gather, the collectives eager and traced against single-device
 // references computed here, failures that reach every member, and repeated capture cycles.
+#include "retrace/cpu.hpp"
 #include "retrace/mesh.hpp"
 #include "retrace/ops.hpp"
 #include "retrace/registry.hpp"
@@ -306,6 +307,47 @@ TEST(Mesh, MembersReplayFromTheirOwnThreads) {
   for (std::size_t k = 0; k < 4; ++k) {
     EXPECT_EQ(y.shard(k).to_vector<float>(), std::vector<float>(256, 6.0f));
   }
+}
+
+// Members opened by MeshDevice::open keep their kernels to their own queue threads
+// (kernel_threads = 1): large products and loops still give the same values eager and traced,
+// within rounding of the shared-threads device (another GEMM library), and work side by side.
+TEST(Mesh, MembersRunTheirKernelsOnTheirOwnThreads) {
+  auto mesh = MeshDevice::open("cpu", {2});
+  EXPECT_NE(mesh->member(0).description().find("each on its queue's thread"), std::string::npos)
+      << mesh->member(0).description();
+  auto shared = open_cpu_device(CpuDeviceOptions{.id = DeviceId{7}});
+  EXPECT_EQ(shared->description().find("each on its queue's thread"), std::string::npos);
+  const std::int64_t d = 256;  // past the size where the shared device hands GEMMs to OpenBLAS
+  const Tensor a = Tensor::from_vector(iota_values(d * d, 1e-3f), {d, d}, DType::float32);
+  const MeshTensor x = distribute(a, *mesh, {Placement::replicate()});
+  auto step = [](const MeshTensor& m) {
+    return mesh_map([](const Tensor& t) { return ops::gelu(ops::matmul(t, t)); }, m);
+  };
+  const std::vector<float> eager = step(x).shard(1).to_vector<float>();
+  auto tracer = make_tracer<MeshTensor>(step, *mesh);
+  const MeshTensor& traced = tracer(x);
+  EXPECT_EQ(traced.shard(0).to_vector<float>(), eager);
+  EXPECT_EQ(traced.shard(1).to_vector<float>(), eager);
+  const std::vector<float> reference =
+      ops::gelu(ops::matmul(a.to_device(*shared), a.to_device(*shared))).to_vector<float>();
+  for (std::size_t i = 0; i < reference.size(); i += 97) {
+    EXPECT_NEAR(eager[i], reference[i], 1e-5f * (1.0f + std::abs(reference[i]))) << i;
+  }
+  EXPECT_THROW(
+      {
+        try {
+          (void)open_cpu_device(CpuDeviceOptions{.id = DeviceId{8}, .kernel_threads = 2});
+        } catch (const Error& e) {
+          EXPECT_EQ(e.category(), ErrorCategory::invalid_argument);
+          EXPECT_NE(std::string(e.what()).find("cpu:8: kernel_threads must be 0 (the shared "
+                                               "kernel threads) or 1"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 TEST(Mesh, ClosingTheMeshDetachesItsTensors) {

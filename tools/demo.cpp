@@ -4,6 +4,7 @@
 // timestep and the step's coefficients and the tracer's input slot for the latents, as the ttnn
 // pipelines do. Writes the final latents as a PNG preview when asked (or given --weights). Exits
 // 1 if traced and eager final latents differ in any bit.
+#include "demo_common.hpp"
 #include "model_options.hpp"
 
 #include <retrace/models/preview.hpp>
@@ -24,39 +25,6 @@ namespace {
 using timing::Clock;
 using timing::median;
 
-// A progress bar on a terminal; nothing in between when stdout is a pipe or a file.
-class Progress {
- public:
-  Progress(std::string label, std::int64_t total)
-      : label_(std::move(label)), total_(total), tty_(isatty(fileno(stdout)) != 0) {}
-  void tick(std::int64_t done) {
-    if (!tty_) return;
-    constexpr int kWidth = 24;
-    const auto filled = static_cast<int>(kWidth * done / total_);
-    std::printf("\r  %-7s [%s%s] %lld/%lld", label_.c_str(), std::string(filled, '#').c_str(),
-                std::string(kWidth - filled, '.').c_str(), static_cast<long long>(done),
-                static_cast<long long>(total_));
-    std::fflush(stdout);
-  }
-  void finish(const std::string& summary) {
-    if (tty_) std::printf("\r\033[K");
-    std::printf("  %-7s %s\n", label_.c_str(), summary.c_str());
-  }
-
- private:
-  std::string label_;
-  std::int64_t total_;
-  bool tty_;
-};
-
-std::vector<float> initial_latents(std::size_t count, std::uint64_t seed, std::int64_t size) {
-  std::mt19937_64 rng(seed * 7919 + static_cast<std::uint64_t>(size));
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(count);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
 struct Result {
   std::int64_t size;
   double eager_ms, traced_ms, capture_ms;
@@ -66,36 +34,28 @@ struct Result {
 
 }  // namespace
 
-int run_demo(ModelOptions& o, const DemoOptions& d) {
-  auto device = open_device(o);
-  // The activations live on the device several times over (eager, the trace's buffers): refuse
-  // sizes that cannot fit before spending minutes making random weights and data.
-  const std::int64_t batch = d.cfg_scale != 1.0 ? 2 : 1;
-  auto check_fits = [&](const models::DiTConfig& config) {
-    const std::size_t activation_bytes = storage_bytes(
-        Shape{batch, config.tokens(), config.mlp_width()}, config.dtype, Layout::row_major);
-    const std::size_t capacity = device->stats().capacity_bytes;
-    RETRACE_CHECK(activation_bytes <= capacity / 4, out_of_memory,
-                  "demo: the activations ({} tokens x {}, {}, batch {}) need {} and the demo "
-                  "about 4x that, but {} has {} of memory; lower --input-size or --hidden",
-                  config.tokens(), config.mlp_width(), o.dtype, batch,
-                  human_bytes(activation_bytes), device->name(), human_bytes(capacity));
-  };
-  if (o.weights.empty()) check_fits(o.config);
-  auto model = make_model(o, *device);
-  const models::DiTConfig& c = model->config();
-  check_fits(c);
+void check_demo_fits(const models::DiTConfig& config, std::int64_t batch, const Device& device,
+                     const std::string& dtype) {
+  const std::size_t activation_bytes = storage_bytes(
+      Shape{batch, config.tokens(), config.mlp_width()}, config.dtype, Layout::row_major);
+  const std::size_t capacity = device.stats().capacity_bytes;
+  RETRACE_CHECK(activation_bytes <= capacity / 4, out_of_memory,
+                "demo: the activations ({} tokens x {}, {}, batch {}) need {} and the demo "
+                "about 4x that, but {} has {} of memory; lower --input-size or --hidden",
+                config.tokens(), config.mlp_width(), dtype, batch,
+                human_bytes(activation_bytes), device.name(), human_bytes(capacity));
+}
+
+std::int64_t demo_label(const models::DiTConfig& c, const DemoOptions& d) {
   const std::int64_t label = d.label >= 0 ? d.label : (c.num_classes > 207 ? 207 : 0);
   RETRACE_CHECK(label < c.num_classes, invalid_argument,
                 "demo: --class {}: the model has {} classes (0 to {})", label, c.num_classes,
                 c.num_classes - 1);
-  const bool guided = d.cfg_scale != 1.0;
-  const std::string preview =
-      d.preview.empty() && !o.weights.empty() ? std::string("dit_sample.png") : d.preview;
-  auto step = traced_method(
-      &models::DiT::sample_step, [](models::DiT& m) -> Device& { return m.device(); },
-      TraceOptions{.name = "DiT sample_step"});
-  const models::DdimSchedule schedule(o.steps);
+  return label;
+}
+
+void print_demo_header(const ModelOptions& o, const DemoOptions& d, const models::DiTConfig& c,
+                       std::int64_t label, const std::string& where) {
   std::printf(
       "retrace demo: DiT (%lldx%lldx%lld latents, patch %lld, hidden %lld, depth %lld, heads "
       "%lld, %lld classes, %s, %s weights) on %s\n"
@@ -104,17 +64,42 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
       static_cast<long long>(c.input_size), static_cast<long long>(c.patch_size),
       static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
       static_cast<long long>(c.heads), static_cast<long long>(c.num_classes), o.dtype.c_str(),
-      o.weights.empty() ? "random" : o.weights.c_str(), device->name().c_str(),
+      o.weights.empty() ? "random" : o.weights.c_str(), where.c_str(),
       static_cast<long long>(o.steps), static_cast<long long>(label),
-      guided ? fmt::format("classifier-free guidance scale {:g} (batch of 2)", d.cfg_scale).c_str()
-             : "no guidance");
+      d.cfg_scale != 1.0
+          ? fmt::format("classifier-free guidance scale {:g} (batch of 2)", d.cfg_scale).c_str()
+          : "no guidance");
+}
 
+std::vector<std::int64_t> demo_sizes(const models::DiT& model) {
   // The configured size, and half of it when the position embedding is the computed one.
+  const models::DiTConfig& c = model.config();
   std::vector<std::int64_t> sizes{c.input_size};
   const std::int64_t half = c.input_size / 2;
-  if (!model->fixed_resolution() && half >= c.patch_size && half % c.patch_size == 0) {
+  if (!model.fixed_resolution() && half >= c.patch_size && half % c.patch_size == 0) {
     sizes.push_back(half);
   }
+  return sizes;
+}
+
+int run_demo(ModelOptions& o, const DemoOptions& d) {
+  if (d.mesh > 0) return run_demo_mesh(o, d);
+  auto device = open_device(o);
+  const std::int64_t batch = d.cfg_scale != 1.0 ? 2 : 1;
+  if (o.weights.empty()) check_demo_fits(o.config, batch, *device, o.dtype);
+  auto model = make_model(o, *device);
+  const models::DiTConfig& c = model->config();
+  check_demo_fits(c, batch, *device, o.dtype);
+  const std::int64_t label = demo_label(c, d);
+  const bool guided = d.cfg_scale != 1.0;
+  const std::string preview =
+      d.preview.empty() && !o.weights.empty() ? std::string("dit_sample.png") : d.preview;
+  auto step = traced_method(
+      &models::DiT::sample_step, [](models::DiT& m) -> Device& { return m.device(); },
+      TraceOptions{.name = "DiT sample_step"});
+  const models::DdimSchedule schedule(o.steps);
+  print_demo_header(o, d, c, label, device->name());
+  const std::vector<std::int64_t> sizes = demo_sizes(*model);
   std::vector<std::int64_t> label_list{label};
   if (guided) label_list.push_back(c.num_classes);  // the null class
   auto upload = [&](const std::vector<float>& values, const Shape& shape) {

@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
     demo->add_option("--cfg-scale", demo_extra.cfg_scale,
                      "classifier-free guidance scale (1: none)")
         ->check(CLI::Range(0.0, 1000.0));
+    demo->add_option("--mesh", demo_extra.mesh,
+                     "also run the model split over a mesh of N CPU devices (tensor parallel: "
+                     "heads and MLP width; N must divide both), traced and eager, against one "
+                     "device")
+        ->check(retrace::cli::whole_number(1, 64));
     demo->add_option("--preview", demo_extra.preview,
                      "write the final latents as a PNG here (default with --weights: "
                      "dit_sample.png)");

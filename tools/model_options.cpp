@@ -112,6 +112,16 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->check(whole_number(0, INT64_MAX));
 }
 
+DeviceOptions device_options_for(const ModelOptions& options) {
+  DeviceOptions device_options = retrace::default_device_options(options.device);
+  if (!options.memory.empty()) {
+    device_options.memory_bytes = *parse_bytes(options.memory);
+  } else {
+    device_options.memory_bytes = std::max(device_options.memory_bytes, model_bytes(options));
+  }
+  return device_options;
+}
+
 std::unique_ptr<Device> open_device(const ModelOptions& options) {
   const std::string name = options.device.substr(0, options.device.find(':'));
   std::vector<std::string> known;
@@ -125,13 +135,7 @@ std::unique_ptr<Device> open_device(const ModelOptions& options) {
     }
     std::unique_ptr<Device> device;
     try {
-      DeviceOptions device_options = retrace::default_device_options(options.device);
-      if (!options.memory.empty()) {
-        device_options.memory_bytes = *parse_bytes(options.memory);
-      } else {
-        device_options.memory_bytes = std::max(device_options.memory_bytes, model_bytes(options));
-      }
-      device = retrace::open_device(options.device, device_options);
+      device = retrace::open_device(options.device, device_options_for(options));
     } catch (const Error& e) {
       // A device this machine cannot run as configured (RETRACE_CPU_ISA=avx512 on a CPU without
       // AVX-512): exit status 3, like a missing GPU.

@@ -31,6 +31,7 @@ struct DemoOptions {
   std::int64_t label = -1;  // -1: 207 (as the reference's sample script) or 0 with fewer classes
   double cfg_scale = 4.0;
   std::string preview;      // PNG of the final latents; default dit_sample.png with --weights
+  std::size_t mesh = 0;     // > 0: also split the model over a mesh of this many CPU devices
 };
 
 // retrace inspect's options.
@@ -50,6 +51,8 @@ struct DeviceUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// DeviceOptions for --device with --memory (default: the backend's, raised to fit the model).
+DeviceOptions device_options_for(const ModelOptions& options);
 // The device named by --device (the CPU device; CUDA when built with it and a GPU is usable).
 std::unique_ptr<Device> open_device(const ModelOptions& options);
 // The model: weights from --weights (configuration inferred from the file and checked against

@@ -54,6 +54,12 @@ struct CpuDeviceOptions {
   // architectures "generic". A name this build lacks is invalid_argument; a variant this CPU
   // cannot run is unimplemented, naming what it lacks.
   std::string kernel_isa = {};
+  // 0: kernels split large loops over the process's kernel threads (shared by every CPU device);
+  // 1: every kernel runs on the queue's own thread, GEMMs single-threaded (Eigen), so devices
+  // used side by side (a mesh's members) each keep to one core. Other values: invalid_argument.
+  // Results may round differently between the two settings (another GEMM library), never
+  // between eager and traced work of one device.
+  std::uint32_t kernel_threads = 0;
 };
 
 [[nodiscard]] std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options = {});

@@ -1,5 +1,7 @@
 #include "retrace/models/dit.hpp"
 
+#include "dit_layers.hpp"
+
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -9,18 +11,7 @@
 
 namespace retrace::models {
 
-namespace {
-
-std::string block_name(std::int64_t i, const char* rest) {
-  return fmt::format("blocks.{}.{}", i, rest);
-}
-
-// x * (1 + scale) + shift, shift and scale [B, 1, C] against x [B, T, C].
-Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
-  return ops::add(ops::mul(x, ops::add(scale, 1.0)), shift);
-}
-
-}  // namespace
+using layers::block_name;
 
 const std::vector<NamedDiTConfig>& benchmark_sizes() {
   static const std::vector<NamedDiTConfig> sizes = {
@@ -343,111 +334,53 @@ Tensor DiT::positions(std::int64_t grid_h, std::int64_t grid_w) const {
 }
 
 Tensor DiT::block(const Tensor& x, const Tensor& c, std::int64_t i) const {
-  const std::int64_t h = config_.hidden, heads = config_.heads, d = h / heads;
-  const std::int64_t batch = x.shape()[0], tokens = x.shape()[1];
-  auto w = [&](const char* rest) -> const Tensor& { return weight(block_name(i, rest)); };
-  const std::vector<Tensor> mod = ops::chunk(
-      ops::linear(c, w("adaLN_modulation.1.weight"), w("adaLN_modulation.1.bias")), 6, -1);
+  const std::int64_t h = config_.hidden, heads = config_.heads;
+  const layers::WeightOf w = [this](const std::string& name) -> const Tensor& {
+    return weight(name);
+  };
+  auto bw = [&](const char* rest) -> const Tensor& { return weight(block_name(i, rest)); };
+  const std::vector<Tensor> mod = layers::block_modulation(w, i, c);
   // Attention.
-  Tensor y = modulate(ops::layer_norm(x, {}, {}, 1e-6), mod[0], mod[1]);
-  Tensor qkv = ops::linear(y, w("attn.qkv.weight"), w("attn.qkv.bias"));
-  qkv = ops::permute(ops::reshape(qkv, {batch, tokens, 3, heads, d}), {2, 0, 3, 1, 4});
-  const std::vector<Tensor> parts = ops::chunk(qkv, 3, 0);
-  auto head_view = [&](const Tensor& t) { return ops::reshape(t, {batch, heads, tokens, d}); };
-  Tensor attn = ops::scaled_dot_product_attention(head_view(parts[0]), head_view(parts[1]),
-                                                  head_view(parts[2]));
-  attn = ops::reshape(ops::permute(attn, {0, 2, 1, 3}), {batch, tokens, h});
-  attn = ops::linear(attn, w("attn.proj.weight"), w("attn.proj.bias"));
+  Tensor y = layers::modulate(ops::layer_norm(x, {}, {}, 1e-6), mod[0], mod[1]);
+  Tensor attn = layers::self_attention(y, bw("attn.qkv.weight"), bw("attn.qkv.bias"), heads,
+                                       h / heads);
+  attn = ops::linear(attn, bw("attn.proj.weight"), bw("attn.proj.bias"));
   Tensor out = ops::add(x, ops::mul(attn, mod[2]));
   // MLP.
-  y = modulate(ops::layer_norm(out, {}, {}, 1e-6), mod[3], mod[4]);
-  y = ops::gelu_tanh(ops::linear(y, w("mlp.fc1.weight"), w("mlp.fc1.bias")));
-  y = ops::linear(y, w("mlp.fc2.weight"), w("mlp.fc2.bias"));
+  y = layers::modulate(ops::layer_norm(out, {}, {}, 1e-6), mod[3], mod[4]);
+  y = ops::gelu_tanh(ops::linear(y, bw("mlp.fc1.weight"), bw("mlp.fc1.bias")));
+  y = ops::linear(y, bw("mlp.fc2.weight"), bw("mlp.fc2.bias"));
   return ops::add(out, ops::mul(y, mod[5]));
 }
 
 Tensor DiT::forward(const Tensor& latents, const Tensor& t_frequencies,
                     const Tensor& labels) const {
   const DiTConfig& c = config_;
-  const std::int64_t h = c.hidden, p = c.patch_size;
-  const Shape& s = latents.shape();
-  RETRACE_CHECK(s.rank() == 4 && s[1] == c.in_channels && s[0] > 0 && s[2] > 0 && s[3] > 0 &&
-                    s[2] % p == 0 && s[3] % p == 0,
-                invalid_argument,
-                "DiT: latents must be [batch, {}, H, W] with H and W positive multiples of the "
-                "patch size {}, got {}",
-                c.in_channels, p, s);
-  const std::int64_t batch = s[0], grid_h = s[2] / p, grid_w = s[3] / p;
-  const std::int64_t tokens = grid_h * grid_w;
-  RETRACE_CHECK(t_frequencies.shape().rank() == 2 &&
-                    (t_frequencies.shape()[0] == 1 || t_frequencies.shape()[0] == batch) &&
-                    t_frequencies.shape()[1] == c.frequency_size,
-                invalid_argument, "DiT: timestep frequencies must be [1 or {}, {}], got {}", batch,
-                c.frequency_size, t_frequencies.shape());
-  RETRACE_CHECK(labels.shape() == Shape({batch, c.num_classes + 1}), invalid_argument,
-                "DiT: labels must be one-hot rows [{}, {}] (see label_rows), got {}", batch,
-                c.num_classes + 1, labels.shape());
-  // Patch embedding: the p x p convolution of stride p is a linear layer over each patch's
-  // C_in x p x p values, in the order of the convolution's weight.
-  Tensor patches = ops::permute(ops::reshape(latents, {batch, c.in_channels, grid_h, p, grid_w, p}),
-                                {0, 2, 4, 1, 3, 5});
-  patches = ops::reshape(patches, {batch, tokens, c.in_channels * p * p});
-  const Tensor& proj = weight("x_embedder.proj.weight");
-  Tensor x = ops::linear(patches, ops::reshape(proj, {h, c.in_channels * p * p}),
-                         weight("x_embedder.proj.bias"));
-  x = ops::add(x, positions(grid_h, grid_w));
-  // Conditioning: timestep MLP plus the label's row of the table (one-hot rows x table).
-  Tensor temb = ops::linear(t_frequencies, weight("t_embedder.mlp.0.weight"),
-                            weight("t_embedder.mlp.0.bias"));
-  temb = ops::linear(ops::silu(temb), weight("t_embedder.mlp.2.weight"),
-                     weight("t_embedder.mlp.2.bias"));
-  const Tensor yemb = ops::matmul(labels, weight("y_embedder.embedding_table.weight"));
-  // Every adaLN layer starts with SiLU(c); computed once. [B, 1, C] to broadcast over tokens.
-  const Tensor cond = ops::reshape(ops::silu(ops::add(temb, yemb)), {batch, 1, h});
+  const std::int64_t batch =
+      layers::check_inputs(c, latents.shape(), t_frequencies.shape(), labels.shape());
+  const std::int64_t grid_h = latents.shape()[2] / c.patch_size;
+  const std::int64_t grid_w = latents.shape()[3] / c.patch_size;
+  const layers::WeightOf w = [this](const std::string& name) -> const Tensor& {
+    return weight(name);
+  };
+  Tensor x = layers::embed_patches(c, w, latents, positions(grid_h, grid_w));
+  const Tensor cond = layers::conditioning(c, w, t_frequencies, labels, batch);
   for (std::int64_t i = 0; i < c.depth; ++i) x = block(x, cond, i);
-  const std::vector<Tensor> mod =
-      ops::chunk(ops::linear(cond, weight("final_layer.adaLN_modulation.1.weight"),
-                             weight("final_layer.adaLN_modulation.1.bias")),
-                 2, -1);
-  x = modulate(ops::layer_norm(x, {}, {}, 1e-6), mod[0], mod[1]);
-  x = ops::linear(x, weight("final_layer.linear.weight"), weight("final_layer.linear.bias"));
-  // Unpatchify: [B, gh, gw, p, p, C_out] -> [B, C_out, gh, p, gw, p].
-  const std::int64_t out = c.out_channels();
-  x = ops::permute(ops::reshape(x, {batch, grid_h, grid_w, p, p, out}), {0, 5, 1, 3, 2, 4});
-  return ops::reshape(x, {batch, out, grid_h * p, grid_w * p});
+  return layers::final_layer(c, w, x, cond, grid_h, grid_w);
 }
 
 Tensor DiT::guided_noise(const Tensor& latents, const Tensor& t_frequencies,
                          const Tensor& labels, double cfg_scale) const {
-  const std::int64_t channels = config_.in_channels;
-  RETRACE_CHECK(std::isfinite(cfg_scale), invalid_argument,
-                "DiT: the guidance scale must be finite, got {}", cfg_scale);
-  if (cfg_scale == 1.0) {
-    return ops::slice(forward(latents, t_frequencies, labels), 1, 0, channels);
-  }
-  RETRACE_CHECK(latents.shape().rank() == 4, invalid_argument,
-                "DiT: latents must be [batch, {}, H, W], got {}", channels, latents.shape());
-  const std::int64_t batch = latents.shape()[0];
-  RETRACE_CHECK(labels.shape().rank() == 2 && labels.shape()[0] == 2 * batch, invalid_argument,
-                "DiT: with guidance, labels need {} rows (the conditional labels, then as many "
-                "null ones) for {} latents, got {}",
-                2 * batch, batch, labels.shape());
-  const std::vector<Tensor> twice{latents, latents};
-  const Tensor eps = ops::slice(forward(ops::concat(twice, 0), t_frequencies, labels), 1, 0,
-                                channels);
-  const Tensor cond = ops::slice(eps, 0, 0, batch);
-  const Tensor uncond = ops::slice(eps, 0, batch, 2 * batch);
-  return ops::add(uncond, ops::mul(ops::sub(cond, uncond), cfg_scale));
+  layers::check_guidance(config_, latents.shape(), labels.shape(), cfg_scale);
+  const Tensor out = forward(layers::guidance_batch(latents, cfg_scale), t_frequencies, labels);
+  return layers::guided_from_output(config_, out, latents.shape()[0], cfg_scale);
 }
 
 Tensor DiT::sample_step(const Tensor& latents, const Tensor& t_frequencies, const Tensor& labels,
                         const Tensor& coefficients, double cfg_scale) const {
-  RETRACE_CHECK(coefficients.shape() == Shape({2}), invalid_argument,
-                "DiT: the step's coefficients must be [2] (see DdimSchedule), got {}",
-                coefficients.shape());
-  const std::vector<Tensor> ab = ops::chunk(coefficients, 2, 0);
+  layers::check_coefficients(coefficients.shape());
   const Tensor eps = guided_noise(latents, t_frequencies, labels, cfg_scale);
-  return ops::add(ops::mul(latents, ab[0]), ops::mul(eps, ab[1]));
+  return layers::ddim_update(latents, eps, coefficients);
 }
 
 DdimSchedule::DdimSchedule(std::int64_t steps) {

@@ -199,7 +199,9 @@ std::unique_ptr<MeshDevice> MeshDevice::open(std::string_view backend,
   std::vector<std::unique_ptr<Device>> members;
   for (std::size_t i = 0; i < count; ++i) {
     const std::string spec = fmt::format("{}:{}", backend, first_id + i);
-    members.push_back(member_options ? open_device(spec, *member_options) : open_device(spec));
+    DeviceOptions settings = member_options ? *member_options : default_device_options(spec);
+    if (!member_options) settings.kernel_threads = 1;  // members side by side, a core each
+    members.push_back(open_device(spec, settings));
   }
   return std::make_unique<MeshDevice>(std::move(members), std::move(shape), options);
 }

@@ -95,10 +95,11 @@ class CpuBackend final : public Backend {
   bool supports(KernelId kernel) const noexcept override { return kernels_.supports(kernel); }
 
   std::string description() const override {
-    return fmt::format("{} hardware threads, {} queues ({}), {} kernels ({})",
+    return fmt::format("{} hardware threads, {} queues ({}), {} kernels ({}){}",
                        std::thread::hardware_concurrency(), queues_.size(),
                        options_.execution == ExecutionMode::worker ? "worker threads" : "inline",
-                       kernels_.name, choice_.how);
+                       kernels_.name, choice_.how,
+                       options_.kernel_threads == 1 ? ", each on its queue's thread" : "");
   }
 
   MemoryRegion region() override { return {region_.base(), region_.size(), 64, true}; }
@@ -229,10 +230,14 @@ class CpuBackend final : public Backend {
 }  // namespace cpu
 
 std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options) {
-  DeviceOptions common{options.id, options.memory_bytes, options.trace_region_bytes,
-                       options.num_queues, options.guard_bytes};
+  DeviceOptions common{options.id,         options.memory_bytes, options.trace_region_bytes,
+                       options.num_queues, options.guard_bytes,  options.kernel_threads};
   RETRACE_CHECK(options.num_queues >= 1 && options.num_queues <= 64, invalid_argument,
                 "cpu:{}: num_queues must be in [1, 64], got {}", options.id, options.num_queues);
+  RETRACE_CHECK(options.kernel_threads <= 1, invalid_argument,
+                "cpu:{}: kernel_threads must be 0 (the shared kernel threads) or 1 (the queue's "
+                "thread only), got {}",
+                options.id, options.kernel_threads);
   return make_device(std::make_unique<cpu::CpuBackend>(options), common);
 }
 

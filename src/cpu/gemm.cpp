@@ -1,4 +1,5 @@
 #include "cpu/gemm.hpp"
+#include "cpu/parallel.hpp"
 
 // GCC 12 warns "(may be) used uninitialized" inside its own AVX-512 intrinsics as Eigen inlines
 // them (the intrinsics start from a deliberately undefined register); silenced here, for this
@@ -45,7 +46,11 @@ GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, const float* b, float beta, float* c, GemmLibrary library) {
-  if (library == GemmLibrary::automatic) library = gemm_choice(m, n, k);
+  // A device whose kernels keep to one thread: Eigen, single-threaded at every size (OpenBLAS
+  // would hand the product to its own threads, which concurrent callers contend for).
+  if (library == GemmLibrary::automatic) {
+    library = serial_kernels() ? GemmLibrary::eigen : gemm_choice(m, n, k);
+  }
   if (library == GemmLibrary::eigen) {
     eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
     return;

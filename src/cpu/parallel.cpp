@@ -13,6 +13,7 @@ namespace retrace::cpu {
 namespace {
 
 thread_local bool in_parallel_region = false;
+thread_local bool serial_region = false;
 std::atomic<int> thread_limit{1 << 20};
 
 // A fixed set of helper threads; one parallel loop at a time (others run serially).
@@ -102,10 +103,16 @@ int kernel_threads() noexcept { return std::min(pool().threads(), thread_limit.l
 
 void set_kernel_thread_limit(int threads) noexcept { thread_limit.store(std::max(1, threads)); }
 
+SerialKernels::SerialKernels(bool serial) noexcept : previous_(serial_region) {
+  serial_region = serial;
+}
+SerialKernels::~SerialKernels() { serial_region = previous_; }
+bool serial_kernels() noexcept { return serial_region; }
+
 namespace detail {
 void parallel_for_impl(std::int64_t n, std::int64_t min_chunk, RangeFn fn, void* context) {
   if (n <= 0) return;
-  const int threads = in_parallel_region ? 1 : kernel_threads();
+  const int threads = in_parallel_region || serial_region ? 1 : kernel_threads();
   const auto parts = static_cast<int>(
       std::min<std::int64_t>(threads, n / std::max<std::int64_t>(min_chunk, 1)));
   if (parts <= 1 || !pool().try_run(n, parts, fn, context)) fn(context, 0, n);

@@ -28,6 +28,22 @@ void parallel_for(std::int64_t n, std::int64_t min_chunk, Body&& body) {
 
 // Threads parallel_for uses (the calling thread included).
 [[nodiscard]] int kernel_threads() noexcept;
+// While a SerialKernels scope is alive on a thread, the kernels it runs use that thread only:
+// parallel_for runs serially and GEMMs take the single-threaded library (Eigen). A CPU device
+// opened with kernel_threads = 1 runs its queues' work inside one, so several such devices (the
+// members of a mesh) each keep to one core instead of contending for the shared helpers.
+class SerialKernels {
+ public:
+  explicit SerialKernels(bool serial) noexcept;
+  ~SerialKernels();
+  SerialKernels(const SerialKernels&) = delete;
+  SerialKernels& operator=(const SerialKernels&) = delete;
+
+ private:
+  bool previous_;
+};
+[[nodiscard]] bool serial_kernels() noexcept;
+
 // Caps the threads parallel_for uses (at least 1; at most the cores); for benchmarks that
 // compare thread counts in one process.
 void set_kernel_thread_limit(int threads) noexcept;

@@ -1,5 +1,7 @@
 #include "cpu/queue.hpp"
 
+#include "cpu/parallel.hpp"
+
 #include "retrace/error.hpp"
 
 #include <chrono>
@@ -45,7 +47,8 @@ CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options,
       kernels_(kernels),
       mode_(options.execution),
       eager_batch_(std::max<std::uint32_t>(options.eager_batch, 1)),
-      spin_us_(options.worker_spin_us) {
+      spin_us_(options.worker_spin_us),
+      serial_kernels_(options.kernel_threads == 1) {
   if (mode_ == ExecutionMode::worker) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -156,7 +159,7 @@ void CpuQueue::signal(std::shared_ptr<CpuEventState> event) {
   push_locked(Item{Kind::signal, 0, nullptr, std::move(event), nullptr});
 }
 
-void CpuQueue::wait(std::shared_ptr<const detail::EventState> event) {
+void CpuQueue::wait(std::shared_ptr<const retrace::detail::EventState> event) {
   std::lock_guard lock(mutex_);
   flush_locked();
   push_locked(Item{Kind::wait, 0, nullptr, std::move(event), nullptr});
@@ -221,6 +224,7 @@ void CpuQueue::run(const Item& item) noexcept {
 
 void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) noexcept {
   std::string what;
+  const SerialKernels scope(serial_kernels_);
   const std::size_t ran = program.run(what, command_ns);
   if (ran == program.size()) return;
   try {

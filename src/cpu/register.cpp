@@ -13,13 +13,14 @@ std::unique_ptr<retrace::Device> open(int, const retrace::DeviceOptions& options
   settings.trace_region_bytes = options.trace_region_bytes;
   settings.num_queues = options.num_queues;
   settings.guard_bytes = options.guard_bytes;
+  settings.kernel_threads = options.kernel_threads;
   return retrace::open_cpu_device(settings);
 }
 
 retrace::DeviceOptions default_options() {
   const retrace::CpuDeviceOptions defaults;
-  return {defaults.id, defaults.memory_bytes, defaults.trace_region_bytes, defaults.num_queues,
-          defaults.guard_bytes};
+  return {defaults.id,         defaults.memory_bytes, defaults.trace_region_bytes,
+          defaults.num_queues, defaults.guard_bytes,  defaults.kernel_threads};
 }
 
 bool register_cpu() {

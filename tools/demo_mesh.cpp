@@ -1,0 +1,214 @@
+// retrace demo --mesh N: the DiT split over N CPU devices (tensor parallel: each member has its
+// share of the attention heads and of the MLP's width, two all-reduces per block), its sampler
+// loop eager and traced on the mesh (one trace per member, the all-reduces inside), against
+// the same loop eager on one device. Exits 1 if the traced and eager mesh results differ in any
+// bit, or the members' replicas disagree.
+#include "demo_common.hpp"
+
+#include <retrace/mesh.hpp>
+#include <retrace/models/tensor_parallel_dit.hpp>
+#include "util/timing.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace retrace::cli {
+
+namespace {
+
+using timing::Clock;
+using timing::median;
+
+const std::vector<Placement> kReplicated{Placement::replicate()};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// max |a - b| / max |b|: how far the split model moved from the one-device values.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+struct MeshResult {
+  std::int64_t size;
+  double one_ms, eager_ms, traced_ms;
+  bool identical;
+  double difference;
+};
+
+}  // namespace
+
+int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
+  const std::size_t n = d.mesh;
+  const std::string backend = o.device.substr(0, o.device.find(':'));
+  RETRACE_CHECK(backend == "cpu", invalid_argument,
+                "demo: --mesh splits the model over CPU devices; --device {} cannot be a mesh "
+                "member (collectives between CUDA devices are not built yet)",
+                o.device);
+  auto device = open_device(o);  // the whole model on one device: the reference
+  const std::int64_t batch = d.cfg_scale != 1.0 ? 2 : 1;
+  if (o.weights.empty()) check_demo_fits(o.config, batch, *device, o.dtype);
+  auto model = make_model(o, *device);
+  const models::DiTConfig& c = model->config();
+  check_demo_fits(c, batch, *device, o.dtype);
+  const std::int64_t label = demo_label(c, d);
+  DeviceOptions member_options = device_options_for(o);
+  member_options.kernel_threads = 1;  // members side by side, each on a core of its own
+  auto mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
+  const models::TensorParallelDiT split(*model, *mesh);
+  const models::DdimSchedule schedule(o.steps);
+  print_demo_header(o, d, c, label, fmt::format("{} and, for reference, {}", mesh->name(),
+                                                device->name()));
+  std::printf("  tensor parallel: %lld of %lld heads and %lld of %lld MLP columns per member, "
+              "2 all-reduces of [%lld, tokens, %lld] per block\n",
+              static_cast<long long>(c.heads / static_cast<std::int64_t>(n)),
+              static_cast<long long>(c.heads),
+              static_cast<long long>(c.mlp_width() / static_cast<std::int64_t>(n)),
+              static_cast<long long>(c.mlp_width()), static_cast<long long>(batch),
+              static_cast<long long>(c.hidden));
+
+  std::vector<std::int64_t> label_list{label};
+  if (batch == 2) label_list.push_back(c.num_classes);  // the null class
+  auto host = [&](const std::vector<float>& values, const Shape& shape) {
+    return Tensor::from_vector<float>(values, shape, c.dtype);
+  };
+  const Tensor labels = host(model->label_rows(label_list), {batch, c.num_classes + 1});
+  const Tensor labels_one = labels.to_device(*device);
+  const MeshTensor labels_mesh = distribute(labels, *mesh, kReplicated);
+  const Shape freq_shape{1, c.frequency_size};
+  auto frequencies = [&](std::size_t i) {
+    return host(model->timestep_frequencies({&schedule.timesteps[i], 1}), freq_shape);
+  };
+  auto coefficients = [&](std::size_t i) { return host(schedule.coefficients(i), {2}); };
+
+  std::vector<MeshResult> results;
+  bool ok = true;
+  for (std::int64_t size : demo_sizes(*model)) {
+    std::printf("%lldx%lld latents, %lld tokens:\n", static_cast<long long>(size),
+                static_cast<long long>(size),
+                static_cast<long long>((size / c.patch_size) * (size / c.patch_size)));
+    model->prepare_resolution(size, size);
+    split.prepare_resolution(size, size);
+    const Shape shape{1, c.in_channels, size, size};
+    const Tensor start =
+        host(initial_latents(static_cast<std::size_t>(shape.numel()), c.seed, size), shape);
+
+    // The reference: the whole model on one device, eager.
+    Progress one_bar("1 dev", o.steps);
+    std::vector<double> one_ms;
+    Tensor x = start.to_device(*device);
+    for (std::int64_t i = 0; i < o.steps; ++i) {
+      const auto t0 = Clock::now();
+      const auto k = static_cast<std::size_t>(i);
+      x = model->sample_step(x, frequencies(k).to_device(*device), labels_one,
+                             coefficients(k).to_device(*device), d.cfg_scale);
+      device->synchronize();
+      one_ms.push_back(timing::milliseconds_since(t0));
+      one_bar.tick(i + 1);
+    }
+    const std::vector<float> one_final = x.to_vector<float>();
+    one_bar.finish(fmt::format("median {:.2f} ms/step (eager, whole model on {})",
+                               median(one_ms), device->name()));
+
+    // The mesh, eager: every member dispatches its ops; the all-reduces meet on the queues.
+    Progress eager_bar("eager", o.steps);
+    std::vector<double> eager_ms;
+    MeshTensor mx = distribute(start, *mesh, kReplicated);
+    for (std::int64_t i = 0; i < o.steps; ++i) {
+      const auto t0 = Clock::now();
+      const auto k = static_cast<std::size_t>(i);
+      mx = split.sample_step(mx, distribute(frequencies(k), *mesh, kReplicated), labels_mesh,
+                             distribute(coefficients(k), *mesh, kReplicated), d.cfg_scale);
+      mesh->synchronize();
+      eager_ms.push_back(timing::milliseconds_since(t0));
+      eager_bar.tick(i + 1);
+    }
+    const std::vector<float> eager_final = mx.shard(0).to_vector<float>();
+    eager_bar.finish(fmt::format("median {:.2f} ms/step (eager on the mesh)", median(eager_ms)));
+
+    // The mesh, traced: the first step captures a trace on every member, the others replay
+    // them (non-blocking on each member, then one synchronize); the latents go back into the
+    // input slot.
+    Progress traced_bar("traced", o.steps);
+    std::vector<double> traced_ms;
+    double capture_ms = 0.0;
+    auto tracer = make_tracer<MeshTensor, MeshTensor, MeshTensor, MeshTensor>(
+        [&](const MeshTensor& latents, const MeshTensor& t, const MeshTensor& rows,
+            const MeshTensor& ab) { return split.sample_step(latents, t, rows, ab, d.cfg_scale); },
+        *mesh, TraceOptions{.name = "DiT sample_step on the mesh"});
+    const MeshTensor x0 = distribute(start, *mesh, kReplicated);
+    for (std::int64_t i = 0; i < o.steps; ++i) {
+      const auto t0 = Clock::now();
+      const auto k = static_cast<std::size_t>(i);
+      const bool first = !tracer.trace_captured();
+      const MeshTensor& latents = first ? x0 : std::get<0>(tracer.inputs());
+      const MeshTensor& next = tracer.call(
+          CallOptions{.blocking = Blocking::no}, latents,
+          distribute(frequencies(k), *mesh, kReplicated), labels_mesh,
+          distribute(coefficients(k), *mesh, kReplicated));
+      const MeshTensor& slot = std::get<0>(tracer.inputs());
+      for (std::size_t m = 0; m < n; ++m) ops::copy(next.shard(m), slot.shard(m));
+      mesh->synchronize();
+      (first ? capture_ms : traced_ms.emplace_back()) = timing::milliseconds_since(t0);
+      traced_bar.tick(i + 1);
+    }
+    const double traced_median = traced_ms.empty() ? capture_ms : median(traced_ms);
+    traced_bar.finish(fmt::format(
+        "median {:.2f} ms/step on the mesh (first step, with capture: {:.1f} ms)", traced_median,
+        capture_ms));
+    const MeshTensor& traced_x = std::get<0>(tracer.inputs());
+    const std::vector<float> traced_final = traced_x.shard(0).to_vector<float>();
+    bool replicas = true;
+    for (std::size_t m = 1; m < n; ++m) {
+      replicas = replicas && same_bits(traced_x.shard(m).to_vector<float>(), traced_final);
+    }
+    std::size_t commands = 0, collectives = 0;
+    for (std::size_t m = 0; m < n; ++m) {
+      const TraceInfo info = mesh->member(m).trace_info(tracer.trace_ids()[m]);
+      commands += info.commands;
+      collectives += static_cast<std::size_t>(
+          std::count(info.ops.begin(), info.ops.end(), std::string_view("all_reduce")));
+    }
+    std::printf("  traces: one per member, %zu commands in all, %zu all-reduces each\n",
+                commands, collectives / n);
+    const bool identical = same_bits(traced_final, eager_final);
+    const double difference = relative_difference(traced_final, one_final);
+    std::printf("  final latents (%zu values): traced %s eager on the mesh%s; the %zu members' "
+                "copies %s\n",
+                traced_final.size(), identical ? "==" : "!=",
+                identical ? " bit for bit" : " -- MISMATCH", n,
+                replicas ? "identical" : "DIFFER -- MISMATCH");
+    std::printf("  against one device: max |difference| = %.3g of the largest value (the "
+                "projections' sums are split over the members: float32 rounding)\n",
+                difference);
+    ok = ok && identical && replicas;
+    results.push_back({size, median(one_ms), median(eager_ms), traced_median, identical,
+                       difference});
+  }
+
+  std::printf("summary (%s):\n", mesh->name().c_str());
+  for (const MeshResult& r : results) {
+    const std::string key = fmt::format("{}x{}", r.size, r.size);
+    std::printf("  %7s latents: one device %8.2f ms/step, mesh eager %8.2f, mesh traced %8.2f "
+                "(%.2fx one device), %s\n",
+                key.c_str(), r.one_ms, r.eager_ms, r.traced_ms, r.one_ms / r.traced_ms,
+                r.identical ? "identical" : "DIFFERENT");
+  }
+  if (!ok) {
+    std::fprintf(stderr,
+                 "retrace demo: on the mesh, traced and eager results (or the members' copies) "
+                 "differ; this is a bug, please report it with the command line above\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace retrace::cli
