@@ -23,12 +23,20 @@ test-release: build
 
 # The Python package, built by pip (scikit-build-core + nanobind) into the project's virtual
 # environment (.venv, made by scripts/python-env.sh); its build tree is build-python/. Without
-# the CUDA backend here, to keep `make test` quick (the C++ build has it); a plain
-# `pip install .` includes it when a CUDA toolkit is found.
+# the CUDA backend and the AVX-512 kernel variant here, to keep `make test` quick (the C++ build
+# has both); a plain `pip install .` includes them (CUDA when a toolkit is found).
 PYTHON := .venv/bin/python
+# The kernel variants of the quicker test builds (x86-64: the baseline and AVX2; elsewhere the
+# one generic variant).
+ifeq ($(shell uname -m),x86_64)
+QUICK_VARIANTS := x86-64=x86-64;avx2=x86-64-v3
+else
+QUICK_VARIANTS := generic=
+endif
 python: setup
 	scripts/python-env.sh
-	$(PYTHON) -m pip install -q --no-build-isolation -C cmake.define.RETRACE_WITH_CUDA=OFF .
+	$(PYTHON) -m pip install -q --no-build-isolation -C cmake.define.RETRACE_WITH_CUDA=OFF \
+	  -C "cmake.define.RETRACE_CPU_VARIANTS=$(QUICK_VARIANTS)" .
 
 test-python: python
 	cd python/tests && ../../$(PYTHON) -m pytest -q
@@ -41,9 +49,11 @@ test-asan: setup
 	cmake --build --preset asan -j $(JOBS)
 	ctest --preset asan -j $(JOBS)
 
+# ThreadSanitizer runs the tests labelled "threads" (queues, events, tracer caches, meshes): the
+# build makes only what they run, and one kernel variant besides the baseline.
 test-tsan: setup
-	cmake --preset tsan
-	cmake --build --preset tsan -j $(JOBS)
+	cmake --preset tsan "-DRETRACE_CPU_VARIANTS=$(QUICK_VARIANTS)"
+	cmake --build --preset tsan -j $(JOBS) --target retrace_threads_tests
 	ctest --preset tsan -j $(JOBS)
 
 bench:

@@ -2,9 +2,16 @@
 // one run: the cost of one all_reduce of 1 MiB of float32 per member (eager: enqueue on both
 // members and synchronize; replayed: a captured trace of the all_reduce on each member), and of
 // the memcpy. Counter ratio: all_reduce time / memcpy time.
+//
+// And one DiT sampler step (the `retrace bench` sizes, no guidance) traced on one device and
+// traced on a mesh of two (the model split by heads and MLP width, models::TensorParallelDiT),
+// the two interleaved step by step in one run. Counters: one_device_ms, mesh_ms and
+// speedup = one_device_ms / mesh_ms.
 #include "util/timing.hpp"
 
 #include <benchmark/benchmark.h>
+#include <retrace/models/dit.hpp>
+#include <retrace/models/tensor_parallel_dit.hpp>
 #include <retrace/retrace.hpp>
 
 #include <cstring>
@@ -68,6 +75,73 @@ void BM_AllReduce1MiB(benchmark::State& state) {
   state.counters["ratio"] = median(times) / copy;
 }
 BENCHMARK(BM_AllReduce1MiB)->Arg(0)->Arg(1)->ArgName("traced")->Iterations(200)->UseRealTime();
+
+void BM_DiTStepTwoMembersVsOneDevice(benchmark::State& state) {
+  const models::NamedDiTConfig& named =
+      models::benchmark_sizes().at(static_cast<std::size_t>(state.range(0)));
+  const models::DiTConfig& c = named.config;
+  state.SetLabel(named.name);
+  auto device = open_device("cpu");
+  const models::DiT model(c, *device);
+  auto mesh = MeshDevice::open("cpu", {2}, std::nullopt, {}, 1);
+  const models::TensorParallelDiT split(model, *mesh);
+  // Host inputs: latents, one timestep's features, a label, the DDIM coefficients.
+  const models::DdimSchedule schedule(10);
+  const Shape shape{1, c.in_channels, c.input_size, c.input_size};
+  const std::vector<std::int64_t> label{1};
+  const Tensor latents = Tensor::from_vector<float>(
+      std::vector<float>(static_cast<std::size_t>(shape.numel()), 0.5f), shape, c.dtype);
+  const Tensor t = Tensor::from_vector<float>(model.timestep_frequencies({&schedule.timesteps[3], 1}),
+                                              {1, c.frequency_size}, c.dtype);
+  const Tensor labels =
+      Tensor::from_vector<float>(model.label_rows(label), {1, c.num_classes + 1}, c.dtype);
+  const Tensor ab = Tensor::from_vector<float>(schedule.coefficients(3), {2}, c.dtype);
+
+  auto one = make_tracer<Tensor, Tensor, Tensor, Tensor>(
+      [&](const Tensor& x, const Tensor& tt, const Tensor& l, const Tensor& k) {
+        return model.sample_step(x, tt, l, k, 1.0);
+      },
+      *device);
+  const Tensor x1 = latents.to_device(*device), t1 = t.to_device(*device),
+               l1 = labels.to_device(*device), ab1 = ab.to_device(*device);
+  const std::vector<Placement> r{Placement::replicate()};
+  auto two = make_tracer<MeshTensor, MeshTensor, MeshTensor, MeshTensor>(
+      [&](const MeshTensor& x, const MeshTensor& tt, const MeshTensor& l, const MeshTensor& k) {
+        return split.sample_step(x, tt, l, k, 1.0);
+      },
+      *mesh);
+  const MeshTensor x2 = distribute(latents, *mesh, r), t2 = distribute(t, *mesh, r),
+                   l2 = distribute(labels, *mesh, r), ab2 = distribute(ab, *mesh, r);
+  auto step_one = [&] {
+    (void)one(x1, t1, l1, ab1);
+    device->synchronize();
+  };
+  auto step_two = [&] {
+    (void)two.call(CallOptions{.blocking = Blocking::no}, x2, t2, l2, ab2);
+    mesh->synchronize();
+  };
+  for (int i = 0; i < 2; ++i) {  // capture, then a warm replay each
+    step_one();
+    step_two();
+  }
+  std::vector<double> one_times, two_times;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    step_one();
+    one_times.push_back(seconds(t0, Clock::now()));
+    t0 = Clock::now();
+    step_two();
+    two_times.push_back(seconds(t0, Clock::now()));
+  }
+  state.counters["one_device_ms"] = median(one_times) * 1e3;
+  state.counters["mesh_ms"] = median(two_times) * 1e3;
+  state.counters["speedup"] = median(one_times) / median(two_times);
+}
+// Sizes M and L (benchmark_sizes()[1], [2]).
+BENCHMARK(BM_DiTStepTwoMembersVsOneDevice)->Arg(1)->ArgName("size")->Iterations(15)
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DiTStepTwoMembersVsOneDevice)->Arg(2)->ArgName("size")->Iterations(7)
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
