@@ -161,6 +161,26 @@ TEST(TensorParallelDiTErrors, RefusesMeshesAndInputsThatDoNotFit) {
   EXPECT_EQ(out.shard(1).to_vector<float>(), out.shard(0).to_vector<float>());
 }
 
+// Closing (or destroying) the mesh leaves the split model refusing calls, never touching freed
+// devices.
+TEST(TensorParallelDiTErrors, AClosedMeshIsRefused) {
+  auto device = open_cpu_device();
+  auto mesh = MeshDevice::open("cpu", {2}, std::nullopt, {}, 1);
+  const DiT model(mesh_config(), *device);
+  const TensorParallelDiT split(model, *mesh);
+  const models::DdimSchedule schedule(2);
+  const Inputs in = make_inputs(model, schedule, 0, 8, 4);
+  const MeshTensor x = distribute(in.latents, *mesh, kR);
+  const MeshTensor t = distribute(in.frequencies, *mesh, kR);
+  const MeshTensor labels = distribute(in.labels, *mesh, kR);
+  const MeshTensor ab = distribute(in.coefficients, *mesh, kR);
+  EXPECT_EQ(split.members(), 2u);
+  mesh.reset();  // destroyed: closes its members
+  EXPECT_RETRACE_ERROR((void)split.sample_step(x, t, labels, ab, 2.0), failed_precondition,
+                       "TensorParallelDiT: mesh 2 [cpu:1, cpu:2] was closed");
+  EXPECT_RETRACE_ERROR(split.prepare_resolution(4, 4), failed_precondition, "was closed");
+}
+
 // A bfloat16 model splits too (weights converted once, values identical on every member).
 TEST(TensorParallelDiTDTypes, BFloat16RunsAndReplicasAgree) {
   auto device = open_cpu_device();

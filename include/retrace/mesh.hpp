@@ -195,6 +195,8 @@ decltype(auto) shard_of(const A& a, std::size_t member) {
     return (a);
   }
 }
+// failed_precondition naming `what` once the mesh was closed (or its MeshDevice destroyed).
+void require_mesh_open(const MeshState& mesh, std::string_view what);
 // Checks that every MeshTensor argument lives on `mesh` (invalid_argument naming `what`).
 void check_same_mesh(const MeshTensor& first, const MeshTensor& other, std::string_view what);
 }  // namespace detail

@@ -38,7 +38,12 @@ Split split_of(const std::string& name, const DiTConfig& c) {
 }  // namespace
 
 TensorParallelDiT::TensorParallelDiT(const DiT& model, const MeshDevice& mesh)
-    : config_(model.config()), mesh_(&mesh), file_positions_(model.fixed_resolution()) {
+    : config_(model.config()),
+      mesh_(&mesh),
+      state_(mesh.state()),
+      members_(mesh.size()),
+      mesh_name_(mesh.name()),
+      file_positions_(model.fixed_resolution()) {
   const std::size_t n = mesh.size();
   const auto members = static_cast<std::int64_t>(n);
   RETRACE_CHECK(!mesh.is_closed(), failed_precondition, "TensorParallelDiT: {} was closed",
@@ -85,18 +90,23 @@ const Tensor& TensorParallelDiT::weight(const std::string& name, std::size_t mem
   return it->second[member];
 }
 
+void TensorParallelDiT::require_open() const {
+  detail::require_mesh_open(*state_, "TensorParallelDiT");
+}
+
 void TensorParallelDiT::check_replicated(const MeshTensor& t, const char* what) const {
   RETRACE_CHECK(!t.is_null(), invalid_argument, "TensorParallelDiT: {} is a null mesh tensor",
                 what);
-  RETRACE_CHECK(t.mesh() == mesh_->state(), invalid_argument,
+  RETRACE_CHECK(t.mesh() == state_, invalid_argument,
                 "TensorParallelDiT: {} ({}) is not on the model's mesh ({})", what, t.to_string(),
-                mesh_->name());
+                mesh_name_);
   RETRACE_CHECK(t.placements() == kReplicated, invalid_argument,
                 "TensorParallelDiT: {} must be replicated on every member, got {}", what,
                 t.to_string());
 }
 
 void TensorParallelDiT::prepare_resolution(std::int64_t height, std::int64_t width) const {
+  require_open();
   const std::int64_t p = config_.patch_size;
   RETRACE_CHECK(height > 0 && width > 0 && height % p == 0 && width % p == 0, invalid_argument,
                 "DiT: latents of {}x{} do not split into {}x{} patches", height, width, p, p);
@@ -123,18 +133,19 @@ namespace {
 
 // One tensor per member from fn(member), as a mesh tensor with these placements.
 template <class Fn>
-MeshTensor on_each(const MeshDevice& mesh, const std::vector<Placement>& placements, Fn&& fn) {
+MeshTensor on_each(const std::shared_ptr<detail::MeshState>& mesh, std::size_t members,
+                   const std::vector<Placement>& placements, Fn&& fn) {
   std::vector<Tensor> shards;
-  shards.reserve(mesh.size());
-  for (std::size_t k = 0; k < mesh.size(); ++k) shards.push_back(fn(k));
-  return MeshTensor::from_shards(std::move(shards), mesh.state(), placements);
+  shards.reserve(members);
+  for (std::size_t k = 0; k < members; ++k) shards.push_back(fn(k));
+  return MeshTensor::from_shards(std::move(shards), mesh, placements);
 }
 
 }  // namespace
 
 MeshTensor TensorParallelDiT::block(const MeshTensor& x, const MeshTensor& cond,
                                     std::int64_t i) const {
-  const std::size_t n = mesh_->size();
+  const std::size_t n = members_;
   const std::int64_t heads = config_.heads / static_cast<std::int64_t>(n);
   const std::int64_t d = config_.hidden / config_.heads;
   auto w = [&](const char* rest, std::size_t k) -> const Tensor& {
@@ -142,7 +153,7 @@ MeshTensor TensorParallelDiT::block(const MeshTensor& x, const MeshTensor& cond,
   };
   std::vector<std::vector<Tensor>> mod(n);
   // Attention over the member's heads, projected by its columns: partial sums.
-  const MeshTensor attn = ops::all_reduce(on_each(*mesh_, kPartial, [&](std::size_t k) {
+  const MeshTensor attn = ops::all_reduce(on_each(state_, members_, kPartial, [&](std::size_t k) {
     mod[k] = layers::block_modulation(
         [&](const std::string& name) -> const Tensor& { return weight(name, k); }, i,
         cond.shard(k));
@@ -154,14 +165,14 @@ MeshTensor TensorParallelDiT::block(const MeshTensor& x, const MeshTensor& cond,
   }));
   std::vector<Tensor> out(n);
   // The MLP over the member's slice of the hidden width: partial sums again.
-  const MeshTensor mlp = ops::all_reduce(on_each(*mesh_, kPartial, [&](std::size_t k) {
+  const MeshTensor mlp = ops::all_reduce(on_each(state_, members_, kPartial, [&](std::size_t k) {
     const Tensor a = ops::add(attn.shard(k), w("attn.proj.bias", k));
     out[k] = ops::add(x.shard(k), ops::mul(a, mod[k][2]));
     Tensor y = layers::modulate(ops::layer_norm(out[k], {}, {}, 1e-6), mod[k][3], mod[k][4]);
     y = ops::gelu_tanh(ops::linear(y, w("mlp.fc1.weight", k), w("mlp.fc1.bias", k)));
     return ops::linear(y, w("mlp.fc2.weight", k));
   }));
-  return on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
     const Tensor m = ops::add(mlp.shard(k), w("mlp.fc2.bias", k));
     return ops::add(out[k], ops::mul(m, mod[k][5]));
   });
@@ -169,6 +180,7 @@ MeshTensor TensorParallelDiT::block(const MeshTensor& x, const MeshTensor& cond,
 
 MeshTensor TensorParallelDiT::forward(const MeshTensor& latents, const MeshTensor& t_frequencies,
                                       const MeshTensor& labels) const {
+  require_open();
   check_replicated(latents, "latents");
   check_replicated(t_frequencies, "t_frequencies");
   check_replicated(labels, "labels");
@@ -182,14 +194,14 @@ MeshTensor TensorParallelDiT::forward(const MeshTensor& latents, const MeshTenso
     return layers::WeightOf(
         [this, k](const std::string& name) -> const Tensor& { return weight(name, k); });
   };
-  MeshTensor x = on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  MeshTensor x = on_each(state_, members_, kReplicated, [&](std::size_t k) {
     return layers::embed_patches(c, weights_of(k), latents.shard(k), table.shard(k));
   });
-  const MeshTensor cond = on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  const MeshTensor cond = on_each(state_, members_, kReplicated, [&](std::size_t k) {
     return layers::conditioning(c, weights_of(k), t_frequencies.shard(k), labels.shard(k), batch);
   });
   for (std::int64_t i = 0; i < c.depth; ++i) x = block(x, cond, i);
-  return on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
     return layers::final_layer(c, weights_of(k), x.shard(k), cond.shard(k), grid_h, grid_w);
   });
 }
@@ -197,13 +209,14 @@ MeshTensor TensorParallelDiT::forward(const MeshTensor& latents, const MeshTenso
 MeshTensor TensorParallelDiT::guided_noise(const MeshTensor& latents,
                                            const MeshTensor& t_frequencies,
                                            const MeshTensor& labels, double cfg_scale) const {
+  require_open();
   check_replicated(latents, "latents");
   layers::check_guidance(config_, latents.shape(), labels.shape(), cfg_scale);
-  const MeshTensor batch = on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  const MeshTensor batch = on_each(state_, members_, kReplicated, [&](std::size_t k) {
     return layers::guidance_batch(latents.shard(k), cfg_scale);
   });
   const MeshTensor out = forward(batch, t_frequencies, labels);
-  return on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
     return layers::guided_from_output(config_, out.shard(k), latents.shape()[0], cfg_scale);
   });
 }
@@ -212,10 +225,11 @@ MeshTensor TensorParallelDiT::sample_step(const MeshTensor& latents,
                                           const MeshTensor& t_frequencies,
                                           const MeshTensor& labels,
                                           const MeshTensor& coefficients, double cfg_scale) const {
+  require_open();
   check_replicated(coefficients, "coefficients");
   layers::check_coefficients(coefficients.shape());
   const MeshTensor eps = guided_noise(latents, t_frequencies, labels, cfg_scale);
-  return on_each(*mesh_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
     return layers::ddim_update(latents.shard(k), eps.shard(k), coefficients.shard(k));
   });
 }

@@ -57,6 +57,8 @@ struct MeshState {
 
 const MeshTensor* first_mesh_tensor() noexcept { return nullptr; }
 
+void require_mesh_open(const MeshState& mesh, std::string_view what) { mesh.require_open(what); }
+
 void check_same_mesh(const MeshTensor& first, const MeshTensor& other, std::string_view what) {
   RETRACE_CHECK(!other.is_null(), invalid_argument, "{}: a mesh tensor argument is null", what);
   RETRACE_CHECK(first.mesh() == other.mesh(), invalid_argument,

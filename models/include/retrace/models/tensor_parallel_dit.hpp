@@ -37,11 +37,12 @@ namespace retrace::models {
 class TensorParallelDiT {
  public:
   // Splits `model`'s weights over the members of a 1-D mesh; heads and the MLP width must
-  // divide by the number of members (invalid_argument otherwise).
+  // divide by the number of members (invalid_argument otherwise). The model is not needed
+  // afterwards. Once the mesh is closed (or destroyed), every call is a failed_precondition.
   TensorParallelDiT(const DiT& model, const MeshDevice& mesh);
 
   [[nodiscard]] const DiTConfig& config() const noexcept { return config_; }
-  [[nodiscard]] const MeshDevice& mesh() const noexcept { return *mesh_; }
+  [[nodiscard]] std::size_t members() const noexcept { return members_; }
   // Member `member`'s tensor of weight `name` (its slice for the split weights).
   [[nodiscard]] const Tensor& weight(const std::string& name, std::size_t member) const;
 
@@ -62,9 +63,13 @@ class TensorParallelDiT {
   [[nodiscard]] MeshTensor block(const MeshTensor& x, const MeshTensor& cond,
                                  std::int64_t index) const;
   void check_replicated(const MeshTensor& t, const char* what) const;
+  void require_open() const;
 
   DiTConfig config_;
-  const MeshDevice* mesh_;
+  const MeshDevice* mesh_;  // used only while state_ says it is open
+  std::shared_ptr<detail::MeshState> state_;
+  std::size_t members_;
+  std::string mesh_name_;
   bool file_positions_;
   std::map<std::string, std::vector<Tensor>> weights_;  // name -> one tensor per member
   mutable std::mutex positions_mutex_;
