@@ -399,12 +399,16 @@ TEST(TracerMultiDeviceTest, CapturesAndReplaysOnEveryDevice) {
   EXPECT_EQ(d0.stats().live_traces, 1u);
   EXPECT_EQ(d1.stats().live_traces, 1u);
   EXPECT_EQ(tracer.trace_ids().size(), 2u);
-  tracer(ops::full({8}, 10.0, d0), ops::full({8}, 20.0, d1));
-  d0.synchronize();
-  d1.synchronize();
+  tracer(ops::full({8}, 10.0, d0), ops::full({8}, 20.0, d1));  // blocking: both have run
   EXPECT_EQ(ya.to_vector<float>(), std::vector<float>(8, 11.0f));
   EXPECT_EQ(yb.to_vector<float>(), std::vector<float>(8, 40.0f));
-  EXPECT_TRUE(logs.contains(LogLevel::warning, "blocking execution is not supported with several"));
+  EXPECT_FALSE(logs.contains(LogLevel::warning, "blocking"));
+  tracer.call(CallOptions{.blocking = Blocking::no}, ops::full({8}, 2.0, d0),
+              ops::full({8}, 3.0, d1));
+  d0.synchronize();
+  d1.synchronize();
+  EXPECT_EQ(ya.to_vector<float>(), std::vector<float>(8, 3.0f));
+  EXPECT_EQ(yb.to_vector<float>(), std::vector<float>(8, 6.0f));
   // At replay a host tensor is unambiguous: it is written into its slot's device.
   tracer(Tensor::from_vector<float>(std::vector<float>(8, 4.0f), {8}, DType::float32),
          ops::full({8}, 1.0, d1));

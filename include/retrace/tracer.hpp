@@ -75,7 +75,8 @@ struct TraceOptions {
 // Options of one call, for a Tracer and for the traced wrappers: one type.
 struct CallOptions {
   QueueId queue = kDefaultQueue;
-  Blocking blocking = Blocking::yes;  // several devices: always non-blocking (with a warning)
+  // Several devices: the replays start on all, then Blocking::yes waits for each one's queue.
+  Blocking blocking = Blocking::yes;
   bool execute_on_capture = true;     // run the trace right after capturing it
   TraceKey key{};  // traced wrappers: which trace (a Tracer holds one: the default key only)
 };
@@ -193,7 +194,6 @@ class TracerCore {
   TraceStats stats_;
   std::string reason_;
   std::uint64_t version_ = 0;  // replays run so far (captures included), for output versions
-  bool warned_blocking_ = false;
 };
 
 }  // namespace detail

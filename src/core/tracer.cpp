@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 
 namespace retrace::detail {
@@ -49,8 +50,7 @@ TracerCore::TracerCore(TracerCore&& other) noexcept
       begun_(std::exchange(other.begun_, 0)),
       stats_(other.stats_),
       reason_(std::move(other.reason_)),
-      version_(other.version_),
-      warned_blocking_(other.warned_blocking_) {
+      version_(other.version_) {
   other.traces_.clear();
 }
 
@@ -70,7 +70,6 @@ TracerCore& TracerCore::operator=(TracerCore&& other) noexcept {
   stats_ = other.stats_;
   reason_ = std::move(other.reason_);
   version_ = other.version_;
-  warned_blocking_ = other.warned_blocking_;
   return *this;
 }
 
@@ -279,20 +278,26 @@ void TracerCore::mark_captured() noexcept {
 }
 
 void TracerCore::execute(const CallOptions& options) {
-  Blocking blocking = options.blocking;
-  if (devices_.size() > 1 && blocking == Blocking::yes) {
-    blocking = Blocking::no;
-    if (!warned_blocking_) {
-      warned_blocking_ = true;
-      log(LogLevel::warning,
-          "tracer '{}': blocking execution is not supported with several devices; replaying "
-          "without blocking (synchronize the devices before reading outputs)",
-          options_.name);
+  if (devices_.size() == 1) {
+    devices_[0]->execute_trace(traces_[0], options.queue, options.blocking);
+    return;
+  }
+  // Several devices: every replay is started before any is waited for (the members of a mesh
+  // meet inside their collectives), then a blocking call waits for each device's queue and
+  // raises the first failure once all were waited for.
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    devices_[i]->execute_trace(traces_[i], options.queue, Blocking::no);
+  }
+  if (options.blocking == Blocking::no) return;
+  std::exception_ptr first;
+  for (Device* device : devices_) {
+    try {
+      device->synchronize(options.queue);
+    } catch (...) {
+      if (!first) first = std::current_exception();
     }
   }
-  for (std::size_t i = 0; i < devices_.size(); ++i) {
-    devices_[i]->execute_trace(traces_[i], options.queue, blocking);
-  }
+  if (first) std::rethrow_exception(first);
 }
 
 void TracerCore::require_function(bool has_function, std::string_view what) const {
