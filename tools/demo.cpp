@@ -46,12 +46,25 @@ void check_demo_fits(const models::DiTConfig& config, std::int64_t batch, const 
                 human_bytes(activation_bytes), device.name(), human_bytes(capacity));
 }
 
-std::int64_t demo_label(const models::DiTConfig& c, const DemoOptions& d) {
-  const std::int64_t label = d.label >= 0 ? d.label : (c.num_classes > 207 ? 207 : 0);
-  RETRACE_CHECK(label < c.num_classes, invalid_argument,
-                "demo: --class {}: the model has {} classes (0 to {})", label, c.num_classes,
+DemoModel load_demo_model(ModelOptions& o, const DemoOptions& d) {
+  DemoModel m;
+  m.device = open_device(o);
+  m.batch = d.cfg_scale != 1.0 ? 2 : 1;
+  if (o.weights.empty()) check_demo_fits(o.config, m.batch, *m.device, o.dtype);
+  m.model = make_model(o, *m.device);
+  const models::DiTConfig& c = m.model->config();
+  check_demo_fits(c, m.batch, *m.device, o.dtype);
+  m.label = d.label >= 0 ? d.label : (c.num_classes > 207 ? 207 : 0);
+  RETRACE_CHECK(m.label < c.num_classes, invalid_argument,
+                "demo: --class {}: the model has {} classes (0 to {})", m.label, c.num_classes,
                 c.num_classes - 1);
-  return label;
+  return m;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  // Bitwise: a NaN (say, from weights holding one) equals itself here, as it should.
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 void print_demo_header(const ModelOptions& o, const DemoOptions& d, const models::DiTConfig& c,
@@ -84,13 +97,8 @@ std::vector<std::int64_t> demo_sizes(const models::DiT& model) {
 
 int run_demo(ModelOptions& o, const DemoOptions& d) {
   if (d.mesh > 0) return run_demo_mesh(o, d);
-  auto device = open_device(o);
-  const std::int64_t batch = d.cfg_scale != 1.0 ? 2 : 1;
-  if (o.weights.empty()) check_demo_fits(o.config, batch, *device, o.dtype);
-  auto model = make_model(o, *device);
+  auto [device, model, batch, label] = load_demo_model(o, d);
   const models::DiTConfig& c = model->config();
-  check_demo_fits(c, batch, *device, o.dtype);
-  const std::int64_t label = demo_label(c, d);
   const bool guided = d.cfg_scale != 1.0;
   const std::string preview =
       d.preview.empty() && !o.weights.empty() ? std::string("dit_sample.png") : d.preview;
@@ -166,11 +174,7 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
     const double traced_median = traced_ms.empty() ? capture_ms : median(traced_ms);
     traced_bar.finish(fmt::format("median {:.2f} ms/step (first step, with capture: {:.1f} ms)",
                                   traced_median, capture_ms));
-    // Bitwise: a NaN (say, from weights holding one) equals itself here, as it should.
-    const bool identical =
-        traced_final.size() == eager_final.size() &&
-        (traced_final.empty() || std::memcmp(traced_final.data(), eager_final.data(),
-                                             traced_final.size() * sizeof(float)) == 0);
+    const bool identical = same_bits(traced_final, eager_final);
     std::printf("  trace %llu: %zu commands, %s of private trace memory, %zu outside buffers\n",
                 static_cast<unsigned long long>(trace.value), info.commands,
                 human_bytes(info.bytes).c_str(), info.external_buffers);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -52,8 +53,17 @@ inline std::vector<float> initial_latents(std::size_t count, std::uint64_t seed,
 void check_demo_fits(const models::DiTConfig& config, std::int64_t batch, const Device& device,
                      const std::string& dtype);
 
-// The class to sample (--class, or 207 / 0), checked against the model.
-std::int64_t demo_label(const models::DiTConfig& c, const DemoOptions& d);
+// The device (--device), the model on it (sizes checked against its memory first), the batch
+// (2 with guidance) and the class to sample (--class, or 207 / 0), checked against the model.
+struct DemoModel {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<models::DiT> model;
+  std::int64_t batch = 1;
+  std::int64_t label = 0;
+};
+DemoModel load_demo_model(ModelOptions& o, const DemoOptions& d);
+// Equal bit for bit (a NaN equals itself).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b);
 // The first lines: the model, where it runs, the sampler.
 void print_demo_header(const ModelOptions& o, const DemoOptions& d, const models::DiTConfig& c,
                        std::int64_t label, const std::string& where);

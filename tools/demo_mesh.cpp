@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 namespace retrace::cli {
 
@@ -21,11 +20,6 @@ using timing::Clock;
 using timing::median;
 
 const std::vector<Placement> kReplicated{Placement::replicate()};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 // max |a - b| / max |b|: how far the split model moved from the one-device values.
 double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -53,13 +47,9 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                 "demo: --mesh splits the model over CPU devices; --device {} cannot be a mesh "
                 "member (collectives between CUDA devices are not built yet)",
                 o.device);
-  auto device = open_device(o);  // the whole model on one device: the reference
-  const std::int64_t batch = d.cfg_scale != 1.0 ? 2 : 1;
-  if (o.weights.empty()) check_demo_fits(o.config, batch, *device, o.dtype);
-  auto model = make_model(o, *device);
+  // The whole model on one device: the reference.
+  auto [device, model, batch, label] = load_demo_model(o, d);
   const models::DiTConfig& c = model->config();
-  check_demo_fits(c, batch, *device, o.dtype);
-  const std::int64_t label = demo_label(c, d);
   DeviceOptions member_options = device_options_for(o);
   member_options.kernel_threads = 1;  // members side by side, each on a core of its own
   auto mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
