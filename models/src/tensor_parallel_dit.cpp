@@ -13,8 +13,8 @@ using layers::block_name;
 const std::vector<Placement> kReplicated{Placement::replicate()};
 const std::vector<Placement> kPartial{Placement::partial()};
 
-// How a weight of the reference layout is split: the split dimension of a view of it (with the
-// member's piece reshaped back to rank `rank`), or not at all.
+// How a weight of the reference layout is split: along a dimension of a view of it (each
+// member's piece then reshaped back to the weight's rank), or not at all.
 struct Split {
   bool split = false;
   Shape view;          // the weight seen as this shape (empty: its own) ...
