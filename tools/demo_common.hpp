@@ -1,5 +1,6 @@
 // What the demo's single-device and mesh runs share: the progress bar, the starting latents,
-// the memory check.
+// loading the model (with the memory check and the class), the header, the sizes sampled and
+// the bitwise comparison.
 #pragma once
 
 #include "model_options.hpp"
