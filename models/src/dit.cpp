@@ -311,25 +311,17 @@ std::vector<float> DiT::label_rows(std::span<const std::int64_t> labels) const {
 }
 
 void DiT::prepare_resolution(std::int64_t height, std::int64_t width) const {
-  const std::int64_t p = config_.patch_size;
-  RETRACE_CHECK(height > 0 && width > 0 && height % p == 0 && width % p == 0, invalid_argument,
-                "DiT: latents of {}x{} do not split into {}x{} patches", height, width, p, p);
-  (void)positions(height / p, width / p);
+  const auto [grid_h, grid_w] = layers::patch_grid(config_, height, width);
+  (void)positions(grid_h, grid_w);
 }
 
 Tensor DiT::positions(std::int64_t grid_h, std::int64_t grid_w) const {
   if (grid_h == config_.grid() && grid_w == config_.grid()) return weight("pos_embed");
-  RETRACE_CHECK(!file_positions_, invalid_argument,
-                "DiT: the checkpoint's pos_embed is for {}x{} latents ({}x{} patches); these "
-                "latents have {}x{} patches",
-                config_.input_size, config_.input_size, config_.grid(), config_.grid(), grid_h,
-                grid_w);
   const std::lock_guard lock(positions_mutex_);
   auto it = positions_.find({grid_h, grid_w});
   if (it != positions_.end()) return it->second;
-  Tensor table = Tensor::from_vector<float>(sincos_positions(config_.hidden, grid_h, grid_w),
-                                            {1, grid_h * grid_w, config_.hidden}, config_.dtype)
-                     .to_device(*device_);
+  const Tensor table =
+      layers::position_table(config_, file_positions_, grid_h, grid_w).to_device(*device_);
   return positions_.emplace(std::pair{grid_h, grid_w}, table).first->second;
 }
 

@@ -34,6 +34,24 @@ std::int64_t check_inputs(const DiTConfig& c, const Shape& s, const Shape& t_fre
   return batch;
 }
 
+std::pair<std::int64_t, std::int64_t> patch_grid(const DiTConfig& c, std::int64_t height,
+                                                 std::int64_t width) {
+  const std::int64_t p = c.patch_size;
+  RETRACE_CHECK(height > 0 && width > 0 && height % p == 0 && width % p == 0, invalid_argument,
+                "DiT: latents of {}x{} do not split into {}x{} patches", height, width, p, p);
+  return {height / p, width / p};
+}
+
+Tensor position_table(const DiTConfig& c, bool file_positions, std::int64_t grid_h,
+                      std::int64_t grid_w) {
+  RETRACE_CHECK(!file_positions, invalid_argument,
+                "DiT: the checkpoint's pos_embed is for {}x{} latents ({}x{} patches); these "
+                "latents have {}x{} patches",
+                c.input_size, c.input_size, c.grid(), c.grid(), grid_h, grid_w);
+  return Tensor::from_vector<float>(sincos_positions(c.hidden, grid_h, grid_w),
+                                    {1, grid_h * grid_w, c.hidden}, c.dtype);
+}
+
 Tensor embed_patches(const DiTConfig& c, const WeightOf& weight, const Tensor& latents,
                      const Tensor& positions) {
   const std::int64_t h = c.hidden, p = c.patch_size;

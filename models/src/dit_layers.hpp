@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace retrace::models::layers {
@@ -21,6 +22,15 @@ Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale);
 // The model's inputs checked against the configuration (forward's errors); returns the batch.
 std::int64_t check_inputs(const DiTConfig& c, const Shape& latents, const Shape& t_frequencies,
                           const Shape& labels);
+
+// The patch grid of height x width latents (invalid_argument when they do not split into
+// patches), for prepare_resolution.
+std::pair<std::int64_t, std::int64_t> patch_grid(const DiTConfig& c, std::int64_t height,
+                                                 std::int64_t width);
+// The sin-cos position table [1, grid_h * grid_w, hidden] (host) of a grid the weights do not
+// hold; invalid_argument when the model's positions came from a checkpoint (one grid only).
+Tensor position_table(const DiTConfig& c, bool file_positions, std::int64_t grid_h,
+                      std::int64_t grid_w);
 
 // Patch embedding plus the position table: latents [B, C_in, H, W] -> tokens [B, T, C].
 Tensor embed_patches(const DiTConfig& c, const WeightOf& weight, const Tensor& latents,

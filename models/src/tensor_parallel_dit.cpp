@@ -107,24 +107,15 @@ void TensorParallelDiT::check_replicated(const MeshTensor& t, const char* what) 
 
 void TensorParallelDiT::prepare_resolution(std::int64_t height, std::int64_t width) const {
   require_open();
-  const std::int64_t p = config_.patch_size;
-  RETRACE_CHECK(height > 0 && width > 0 && height % p == 0 && width % p == 0, invalid_argument,
-                "DiT: latents of {}x{} do not split into {}x{} patches", height, width, p, p);
-  (void)positions(height / p, width / p);
+  const auto [grid_h, grid_w] = layers::patch_grid(config_, height, width);
+  (void)positions(grid_h, grid_w);
 }
 
 const MeshTensor& TensorParallelDiT::positions(std::int64_t grid_h, std::int64_t grid_w) const {
   const std::lock_guard lock(positions_mutex_);
   auto it = positions_.find({grid_h, grid_w});
   if (it != positions_.end()) return it->second;
-  RETRACE_CHECK(!file_positions_, invalid_argument,
-                "DiT: the checkpoint's pos_embed is for {}x{} latents ({}x{} patches); these "
-                "latents have {}x{} patches",
-                config_.input_size, config_.input_size, config_.grid(), config_.grid(), grid_h,
-                grid_w);
-  const Tensor table = Tensor::from_vector<float>(
-      sincos_positions(config_.hidden, grid_h, grid_w), {1, grid_h * grid_w, config_.hidden},
-      config_.dtype);
+  const Tensor table = layers::position_table(config_, file_positions_, grid_h, grid_w);
   return positions_.emplace(std::pair{grid_h, grid_w}, distribute(table, *mesh_, kReplicated))
       .first->second;
 }
