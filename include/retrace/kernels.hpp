@@ -38,7 +38,8 @@ class Buffer;
   X(typecast, TypecastParams)           \
   X(tilize, TilizeParams)               \
   X(attention, AttentionParams)         \
-  X(collective, CollectiveParams)
+  X(collective, CollectiveParams)       \
+  X(random, RandomParams)
 
 enum class KernelId : std::uint16_t {
 #define RETRACE_KERNEL_ENUM(name, params) name,
@@ -244,6 +245,23 @@ struct CollectiveParams {
   DType dtype;
   CollectiveOp op;
   std::uint32_t rank;
+};
+
+// Random numbers from a counter-based generator (Philox4x32-10) whose state lives on the device:
+// state = {seed low, seed high, offset low, offset high} (uint32). Element i of the draw is a
+// function of (seed, offset, i) only; the kernel then advances the offset by one (unless
+// `advance` is false: a tracer's prep run), so every draw, eager or replayed, gets new numbers
+// and the same sequence follows from the same seed.
+//  - uniform: [0, 1) (24 random bits for float32, 8 for bfloat16)
+//  - normal:  standard normal (Box-Muller on pairs of words, computed in double)
+enum class RandomDist : std::uint8_t { uniform, normal };
+struct RandomParams {
+  std::uint32_t* state;
+  void* out;
+  std::int64_t count;
+  DType dtype;
+  RandomDist dist;
+  bool advance;
 };
 
 // The kernel that takes each parameter struct (and the struct of each kernel).

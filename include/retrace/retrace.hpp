@@ -8,6 +8,7 @@
 #include "retrace/log.hpp"
 #include "retrace/mesh.hpp"
 #include "retrace/ops.hpp"
+#include "retrace/random.hpp"
 #include "retrace/registry.hpp"
 #include "retrace/shape.hpp"
 #include "retrace/signature.hpp"

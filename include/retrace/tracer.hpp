@@ -98,6 +98,20 @@ enum class TracerState : std::uint8_t { idle, capturing, captured };
 
 namespace detail {
 
+// True on a thread while a Tracer's prep run executes there (random draws then leave their
+// generator where it is, so the capture's own run draws what an eager call would).
+[[nodiscard]] bool in_prep_run() noexcept;
+class PrepRunScope {
+ public:
+  PrepRunScope() noexcept;
+  ~PrepRunScope();
+  PrepRunScope(const PrepRunScope&) = delete;
+  PrepRunScope& operator=(const PrepRunScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 template <class T>
 bool same_scalar(const T& a, const T& b) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -447,6 +461,7 @@ class Tracer {
   }
 
   void prep_run(const Inputs& inputs, QueueId queue) {
+    const detail::PrepRunScope scope;
     if (!core_.options().clone_prep_inputs) {
       (void)invoke_on(inputs);
       return;

@@ -9,6 +9,14 @@
 namespace retrace::detail {
 
 namespace {
+thread_local bool t_prep_run = false;
+}  // namespace
+
+bool in_prep_run() noexcept { return t_prep_run; }
+PrepRunScope::PrepRunScope() noexcept : previous_(t_prep_run) { t_prep_run = true; }
+PrepRunScope::~PrepRunScope() { t_prep_run = previous_; }
+
+namespace {
 std::string device_names(const std::vector<Device*>& devices) {
   std::vector<std::string> names;
   for (const Device* d : devices) names.push_back(d->name());

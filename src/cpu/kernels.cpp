@@ -3,8 +3,10 @@
 // right loop directly).
 #include "cpu/elementwise.hpp"
 #include "cpu/kernels_internal.hpp"
+#include "cpu/parallel.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/error.hpp"
+#include "util/philox.hpp"
 
 #include <algorithm>
 #include <array>
@@ -42,9 +44,40 @@ void arange_kernel(const std::byte* raw) {
   }
 }
 
+// A draw of p.count values from the generator state (see RandomParams), then the offset + 1.
+// Blocks of 4 elements are independent, so the loop splits across threads with the same bits.
+template <class T, RandomDist dist>
+void random_kernel(const std::byte* raw) {
+  const auto& p = params_as<RandomParams>(raw);
+  const std::uint64_t seed = p.state[0] | (std::uint64_t{p.state[1]} << 32);
+  const std::uint64_t offset = p.state[2] | (std::uint64_t{p.state[3]} << 32);
+  T* out = static_cast<T*>(p.out);
+  const std::int64_t blocks = (p.count + 3) / 4;
+  parallel_for(blocks, 1024, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t b = begin; b < end; ++b) {
+      const philox::Words words = philox::block_words(seed, offset, static_cast<std::uint64_t>(b));
+      float v[4];
+      if constexpr (dist == RandomDist::normal) {
+        philox::normal_pair(words.w[0], words.w[1], v[0], v[1]);
+        philox::normal_pair(words.w[2], words.w[3], v[2], v[3]);
+      } else {
+        const int bits = std::is_same_v<T, float> ? 24 : 8;
+        for (int j = 0; j < 4; ++j) v[j] = philox::uniform(words.w[j], bits);
+      }
+      const std::int64_t first = 4 * b;
+      const std::int64_t n = std::min<std::int64_t>(4, p.count - first);
+      for (std::int64_t j = 0; j < n; ++j) Elem<T>::store(out, first + j, v[j]);
+    }
+  });
+  if (!p.advance) return;
+  const std::uint64_t next = offset + 1;
+  p.state[2] = static_cast<std::uint32_t>(next);
+  p.state[3] = static_cast<std::uint32_t>(next >> 32);
+}
+
 // This member's part of a collective: meets its peers inside (see retrace/mesh.hpp).
 void collective_kernel(const std::byte* raw) {
-  detail::run_host_collective(params_as<CollectiveParams>(raw));
+  retrace::detail::run_host_collective(params_as<CollectiveParams>(raw));
 }
 
 void copy_kernel(const std::byte* raw) {
@@ -75,6 +108,19 @@ KernelFn resolve(const FillParams& p) {
   return resolve_fill(p.dtype);
 }
 KernelFn resolve(const CopyParams&) { return &copy_kernel; }
+KernelFn resolve(const RandomParams& p) {
+  const bool normal = p.dist == RandomDist::normal;
+  switch (p.dtype) {
+    case DType::float32:
+      return normal ? &random_kernel<float, RandomDist::normal>
+                    : &random_kernel<float, RandomDist::uniform>;
+    case DType::bfloat16:
+      return normal ? &random_kernel<bfloat16, RandomDist::normal>
+                    : &random_kernel<bfloat16, RandomDist::uniform>;
+    default: break;
+  }
+  RETRACE_FAIL(unimplemented, "the CPU device has no random kernel for {}", p.dtype);
+}
 KernelFn resolve(const CollectiveParams& p) {
   RETRACE_CHECK(p.group != nullptr, invalid_argument, "collective: no group");
   return &collective_kernel;

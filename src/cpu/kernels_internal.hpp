@@ -68,5 +68,6 @@ KernelFn resolve(const StridedCopyParams& p);
 KernelFn resolve(const TypecastParams& p);
 KernelFn resolve(const TilizeParams& p);
 KernelFn resolve(const CollectiveParams& p);
+KernelFn resolve(const RandomParams& p);
 
 }  // namespace retrace::cpu

@@ -4,6 +4,7 @@
 #include "core/apply_binary.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
+#include "util/philox.hpp"
 
 #include <type_traits>
 
@@ -73,6 +74,38 @@ __global__ void arange_kernel(const FailureRecord* record, T* out, std::int64_t 
                      static_cast<typename Elem<T>::compute>(start + static_cast<double>(i) * step));
     }
   }
+}
+
+// One Philox block (4 elements) per thread, reading the generator state; random_advance then
+// moves the offset on (a separate launch on the same stream, so no thread reads a moved offset).
+template <class T, RandomDist dist>
+__global__ void random_kernel(const FailureRecord* record, const std::uint32_t* state, T* out,
+                              std::int64_t count) {
+  if (aborted(record)) return;
+  const std::uint64_t seed = state[0] | (static_cast<std::uint64_t>(state[1]) << 32);
+  const std::uint64_t offset = state[2] | (static_cast<std::uint64_t>(state[3]) << 32);
+  const std::int64_t blocks = (count + 3) / 4;
+  RETRACE_GRID_STRIDE(b, blocks) {
+    const philox::Words words = philox::block_words(seed, offset, static_cast<std::uint64_t>(b));
+    float v[4];
+    if constexpr (dist == RandomDist::normal) {
+      philox::normal_pair(words.w[0], words.w[1], v[0], v[1]);
+      philox::normal_pair(words.w[2], words.w[3], v[2], v[3]);
+    } else {
+      const int bits = std::is_same_v<T, float> ? 24 : 8;
+      for (int j = 0; j < 4; ++j) v[j] = philox::uniform(words.w[j], bits);
+    }
+    const std::int64_t first = 4 * b;
+    const std::int64_t n = count - first < 4 ? count - first : 4;
+    for (std::int64_t j = 0; j < n; ++j) Elem<T>::store(out, first + j, v[j]);
+  }
+}
+
+__global__ void random_advance(const FailureRecord* record, std::uint32_t* state) {
+  if (aborted(record)) return;
+  const std::uint64_t next = (state[2] | (static_cast<std::uint64_t>(state[3]) << 32)) + 1;
+  state[2] = static_cast<std::uint32_t>(next);
+  state[3] = static_cast<std::uint32_t>(next >> 32);
 }
 
 // Same-shape operands: a flat loop.
@@ -332,6 +365,39 @@ cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
         static_cast<typename Elem<T>::compute>(p.value));
     return cudaGetLastError();
   });
+}
+
+cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx) {
+  if (p.count > 0) {
+    const auto blocks = (p.count + 3) / 4;
+    const bool normal = p.dist == RandomDist::normal;
+    if (p.dtype == DType::float32) {
+      auto* out = static_cast<float*>(p.out);
+      if (normal) {
+        random_kernel<float, RandomDist::normal>
+            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
+      } else {
+        random_kernel<float, RandomDist::uniform>
+            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
+      }
+    } else if (p.dtype == DType::bfloat16) {
+      auto* out = static_cast<bfloat16*>(p.out);
+      if (normal) {
+        random_kernel<bfloat16, RandomDist::normal>
+            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
+      } else {
+        random_kernel<bfloat16, RandomDist::uniform>
+            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
+      }
+    } else {
+      return cudaErrorInvalidValue;
+    }
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (!p.advance) return cudaSuccess;
+  random_advance<<<1, 1, 0, ctx.stream>>>(ctx.record, p.state);
+  return cudaGetLastError();
 }
 
 // Binary kernels exist for every dtype but uint8 (as on the CPU device).

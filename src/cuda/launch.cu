@@ -71,6 +71,8 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
     case KernelId::collective:
       // Mesh collectives on GPUs need NCCL inside the CUDA graph: not built yet.
       return "collectives (mesh devices of CUDA members)";
+    case KernelId::random:
+      return is_float(as<RandomParams>(params).dtype) ? nullptr : "random numbers of integers";
     case KernelId::fill:
     case KernelId::copy:
     case KernelId::typecast:
@@ -126,6 +128,9 @@ cudaError_t launch(const TilizeParams& p, const LaunchContext& ctx, cublasStatus
 }
 cudaError_t launch(const AttentionParams& p, const LaunchContext& ctx, cublasStatus_t* blas) {
   return launch_attention(p, ctx, blas);
+}
+cudaError_t launch(const RandomParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_random(p, ctx);
 }
 cudaError_t launch(const CollectiveParams&, const LaunchContext&, cublasStatus_t*) {
   return cudaErrorNotSupported;  // refused before launch: see unsupported_reason
