@@ -109,6 +109,116 @@ TEST(DiTModelTest, DdimScheduleFollowsTheReferenceSpacing) {
   EXPECT_RETRACE_ERROR(models::DdimSchedule(1001), invalid_argument, "got 1001");
 }
 
+// The Euler samplers against k-diffusion's formulas, written out here in double.
+TEST(DiTModelTest, SamplerSchedulesFollowKDiffusion) {
+  using models::Sampler;
+  using models::SamplerSchedule;
+  std::vector<double> abar;
+  double product = 1.0;
+  for (int t = 0; t < 1000; ++t) abar.push_back(product *= 1.0 - (1e-4 + (0.02 - 1e-4) * t / 999.0));
+  const SamplerSchedule euler(Sampler::euler, 10), ancestral(Sampler::euler_ancestral, 10);
+  const models::DdimSchedule ddim(10);
+  ASSERT_EQ(euler.timesteps, ddim.timesteps);
+  ASSERT_EQ(ancestral.timesteps, ddim.timesteps);
+  const auto sigma = [&](std::size_t i) {
+    if (i >= ddim.timesteps.size()) return 0.0;
+    const double a = abar[static_cast<std::size_t>(ddim.timesteps[i])];
+    return std::sqrt((1 - a) / a);
+  };
+  double variance_check = 0;
+  for (std::size_t i = 0; i < ddim.timesteps.size(); ++i) {
+    const double s = sigma(i), next = sigma(i + 1);
+    const std::vector<float> k = euler.coefficients(i);
+    EXPECT_EQ(k[0], 1.0f);
+    EXPECT_NEAR(k[1], next - s, 1e-6 * s);
+    EXPECT_NEAR(k[2], 1.0 / std::sqrt(s * s + 1), 1e-7);
+    EXPECT_EQ(k[3], 0.0f);
+    const double up = std::sqrt(next * next * (s * s - next * next) / (s * s));
+    const double down = std::sqrt(next * next - up * up);
+    const std::vector<float> a = ancestral.coefficients(i);
+    EXPECT_NEAR(a[1], down - s, 1e-6 * s);
+    EXPECT_NEAR(a[3], up, 1e-6 * (1 + up));
+    EXPECT_EQ(a[2], k[2]);
+    variance_check = std::max(variance_check, std::abs(up * up + down * down - next * next));
+  }
+  EXPECT_LT(variance_check, 1e-6);
+  // The last step reaches sigma 0: no noise is added after it.
+  EXPECT_EQ(ancestral.steps.back()[3], 0.0f);
+  EXPECT_NEAR(euler.initial_scale, std::sqrt(sigma(0) * sigma(0) + 1), 1e-3);
+  EXPECT_EQ(SamplerSchedule(Sampler::ddim, 10).initial_scale, 1.0f);
+  EXPECT_FALSE(euler.stochastic());
+  EXPECT_TRUE(ancestral.stochastic());
+  EXPECT_EQ(models::parse_sampler("euler-ancestral"), Sampler::euler_ancestral);
+  EXPECT_EQ(models::sampler_name(Sampler::ddim), "ddim");
+  EXPECT_RETRACE_ERROR((void)models::parse_sampler("heun"), invalid_argument,
+                       "unknown sampler \"heun\" (ddim, euler or euler-ancestral)");
+  EXPECT_RETRACE_ERROR(SamplerSchedule(Sampler::euler, 0), invalid_argument,
+                       "euler: steps must be from 1 to 1000");
+}
+
+// sampler_step with DDIM's coefficients is sample_step, bit for bit; with a generator, the
+// ancestral sampler traced equals eager (the same seed) and its replays draw new noise.
+struct NoisySampler : TraceOwner {
+  const DiT* model = nullptr;
+  Generator* noise = nullptr;
+  Tensor step(const Tensor& x, const Tensor& t, const Tensor& labels, const Tensor& k) {
+    return model->sampler_step(x, t, labels, k, 2.0, noise);
+  }
+};
+
+TEST(DiTModelTest, SamplerStepsDdimAndAncestralTracedEqualEager) {
+  auto device = open_cpu_device();
+  DiT model(small_config(), *device);
+  const std::vector<std::int64_t> labels{3, 10};
+  const Tensor rows = upload(*device, model.label_rows(labels), {2, 11});
+  const Tensor x = upload(*device, testing::random_floats(4 * 64, 9), {1, 4, 8, 8});
+  const models::DdimSchedule ddim(4);
+  const models::SamplerSchedule ddim4(models::Sampler::ddim, 4);
+  const auto freq = [&](const std::vector<float>& ts, std::size_t i) {
+    return upload(*device, model.timestep_frequencies({&ts[i], 1}), {1, 256});
+  };
+  const Tensor old_way = model.sample_step(x, freq(ddim.timesteps, 0), rows,
+                                           upload(*device, ddim.coefficients(0), {2}), 2.0);
+  const Tensor new_way = model.sampler_step(x, freq(ddim.timesteps, 0), rows,
+                                            upload(*device, ddim4.coefficients(0), {4}), 2.0, nullptr);
+  EXPECT_EQ(old_way.to_vector<float>(), new_way.to_vector<float>());
+
+  const models::SamplerSchedule schedule(models::Sampler::euler_ancestral, 4);
+  Generator eager_noise(*device, 5), traced_noise(*device, 5);
+  NoisySampler sampler;
+  sampler.model = &model;
+  sampler.noise = &traced_noise;
+  auto step = traced_method(&NoisySampler::step,
+                            [](NoisySampler& s) -> Device& { return s.model->device(); });
+  Tensor eager = ops::mul(x, static_cast<double>(schedule.initial_scale));
+  Tensor slot = eager.clone();
+  StateTensor t, k;
+  for (std::size_t i = 0; i < schedule.timesteps.size(); ++i) {
+    eager = model.sampler_step(eager, freq(schedule.timesteps, i), rows,
+                               upload(*device, schedule.coefficients(i), {4}), 2.0, &eager_noise);
+    t.update(model.timestep_frequencies({&schedule.timesteps[i], 1}), {1, 256}, Traced::yes,
+             *device, DType::float32);
+    k.update(schedule.coefficients(i), {4}, Traced::yes, *device, DType::float32);
+    ops::copy(step(sampler, slot, t.data(), rows, k.data()), slot);
+    ASSERT_EQ(slot.to_vector<float>(), eager.to_vector<float>()) << "step " << i;
+  }
+  EXPECT_EQ(step.stats().captures, 1u);
+  EXPECT_EQ(traced_noise.offset(), 4u);
+  EXPECT_EQ(eager_noise.offset(), 4u);
+  // Other noise, other result: the draws reach the latents.
+  Generator other(*device, 6);
+  const Tensor z = model.sampler_step(x, freq(schedule.timesteps, 0), rows,
+                                      upload(*device, schedule.coefficients(0), {4}), 2.0, &other);
+  eager_noise.manual_seed(5);
+  const Tensor z5 = model.sampler_step(x, freq(schedule.timesteps, 0), rows,
+                                       upload(*device, schedule.coefficients(0), {4}), 2.0, &eager_noise);
+  EXPECT_NE(z.to_vector<float>(), z5.to_vector<float>());
+  EXPECT_RETRACE_ERROR((void)model.sampler_step(x, freq(schedule.timesteps, 0), rows,
+                                                upload(*device, ddim.coefficients(0), {2}), 2.0,
+                                                nullptr),
+                       invalid_argument, "coefficients must be [4] (see SamplerSchedule), got [2]");
+}
+
 TEST(DiTModelTest, RejectsBadConfigsAndInputs) {
   auto device = open_cpu_device();
   EXPECT_RETRACE_ERROR(DiT(DiTConfig{.hidden = 36, .heads = 8}, *device), invalid_argument,

@@ -1,5 +1,6 @@
 // retrace demo: class-conditional sampling with the DiT (random weights, or a checkpoint in the
-// reference layout) on the chosen device: DDIM steps with classifier-free guidance, eager and
+// reference layout) on the chosen device: sampler steps (DDIM, Euler, or Euler ancestral with
+// noise drawn on the device) with classifier-free guidance, eager and
 // traced, at each resolution the model allows (a trace key each), with StateTensors for the
 // timestep and the step's coefficients and the tracer's input slot for the latents, as the ttnn
 // pipelines do. Writes the final latents as a PNG preview when asked (or given --weights). Exits
@@ -30,6 +31,17 @@ struct Result {
   double eager_ms, traced_ms, capture_ms;
   std::size_t commands, trace_bytes;
   bool identical;
+};
+
+// The traced object: the model and, for a stochastic sampler, the generator of its noise (null
+// otherwise). Its traces are its own and bake in both.
+struct DemoSampler : TraceOwner {
+  const models::DiT* model = nullptr;
+  Generator* noise = nullptr;
+  Tensor step(const Tensor& latents, const Tensor& t_frequencies, const Tensor& labels,
+              const Tensor& coefficients, double cfg_scale) {
+    return model->sampler_step(latents, t_frequencies, labels, coefficients, cfg_scale, noise);
+  }
 };
 
 }  // namespace
@@ -72,13 +84,18 @@ void print_demo_header(const ModelOptions& o, const DemoOptions& d, const models
   std::printf(
       "retrace demo: DiT (%lldx%lldx%lld latents, patch %lld, hidden %lld, depth %lld, heads "
       "%lld, %lld classes, %s, %s weights) on %s\n"
-      "  %lld DDIM steps, class %lld, %s\n",
+      "  %lld %s steps%s, class %lld, %s\n",
       static_cast<long long>(c.in_channels), static_cast<long long>(c.input_size),
       static_cast<long long>(c.input_size), static_cast<long long>(c.patch_size),
       static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
       static_cast<long long>(c.heads), static_cast<long long>(c.num_classes), o.dtype.c_str(),
       o.weights.empty() ? "random" : o.weights.c_str(), where.c_str(),
-      static_cast<long long>(o.steps), static_cast<long long>(label),
+      static_cast<long long>(o.steps),
+      d.sampler == "ddim" ? "DDIM" : d.sampler == "euler" ? "Euler" : "Euler ancestral",
+      d.sampler == "euler-ancestral"
+          ? fmt::format(" (noise drawn on the device: Philox, seed {})", c.seed).c_str()
+          : "",
+      static_cast<long long>(label),
       d.cfg_scale != 1.0
           ? fmt::format("classifier-free guidance scale {:g} (batch of 2)", d.cfg_scale).c_str()
           : "no guidance");
@@ -102,10 +119,16 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
   const bool guided = d.cfg_scale != 1.0;
   const std::string preview =
       d.preview.empty() && !o.weights.empty() ? std::string("dit_sample.png") : d.preview;
+  const models::SamplerSchedule schedule(models::parse_sampler(d.sampler), o.steps);
+  // Noise of the ancestral sampler: one generator for the eager run, one in the traced object,
+  // both from the model's seed (reseeded at each resolution).
+  Generator eager_noise(*device, c.seed), traced_noise(*device, c.seed);
+  DemoSampler sampler;
+  sampler.model = model.get();
+  sampler.noise = schedule.stochastic() ? &traced_noise : nullptr;
   auto step = traced_method(
-      &models::DiT::sample_step, [](models::DiT& m) -> Device& { return m.device(); },
-      TraceOptions{.name = "DiT sample_step"});
-  const models::DdimSchedule schedule(o.steps);
+      &DemoSampler::step, [](DemoSampler& s) -> Device& { return s.model->device(); },
+      TraceOptions{.name = "DiT sampler step"});
   print_demo_header(o, d, c, label, device->name());
   const std::vector<std::int64_t> sizes = demo_sizes(*model);
   std::vector<std::int64_t> label_list{label};
@@ -126,8 +149,10 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
                 static_cast<long long>((size / c.patch_size) * (size / c.patch_size)), key.c_str());
     model->prepare_resolution(size, size);
     const Shape shape{1, c.in_channels, size, size};
-    const std::vector<float> start =
-        initial_latents(static_cast<std::size_t>(shape.numel()), c.seed, size);
+    std::vector<float> start = initial_latents(static_cast<std::size_t>(shape.numel()), c.seed, size);
+    for (float& v : start) v *= schedule.initial_scale;
+    eager_noise.manual_seed(c.seed);
+    traced_noise.manual_seed(c.seed);
 
     // Eager: every op dispatched, one step after the other.
     Progress eager_bar("eager", o.steps);
@@ -136,8 +161,9 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
     for (std::int64_t i = 0; i < o.steps; ++i) {
       const auto t0 = Clock::now();
       const auto n = static_cast<std::size_t>(i);
-      x = model->sample_step(x, upload(frequencies(n), freq_shape),
-                             labels, upload(schedule.coefficients(n), {2}), d.cfg_scale);
+      x = model->sampler_step(x, upload(frequencies(n), freq_shape), labels,
+                              upload(schedule.coefficients(n), {4}), d.cfg_scale,
+                              schedule.stochastic() ? &eager_noise : nullptr);
       device->synchronize();
       eager_ms.push_back(timing::milliseconds_since(t0));
       eager_bar.tick(i + 1);
@@ -157,19 +183,19 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
       const auto t0 = Clock::now();
       const auto n = static_cast<std::size_t>(i);
       timestep.update(frequencies(n), freq_shape, Traced::yes, *device, c.dtype);
-      coefficients.update(schedule.coefficients(n), {2}, Traced::yes, *device, c.dtype);
-      const bool first = !step.tracer(*model, key);
-      const Tensor& latents = first ? x0 : std::get<0>(step.inputs(*model, key));
-      const Tensor& next = step.call(CallOptions{.key = key}, *model, latents, timestep.data(),
+      coefficients.update(schedule.coefficients(n), {4}, Traced::yes, *device, c.dtype);
+      const bool first = !step.tracer(sampler, key);
+      const Tensor& latents = first ? x0 : std::get<0>(step.inputs(sampler, key));
+      const Tensor& next = step.call(CallOptions{.key = key}, sampler, latents, timestep.data(),
                                      labels, coefficients.data(), d.cfg_scale);
-      ops::copy(next, std::get<0>(step.inputs(*model, key)));
+      ops::copy(next, std::get<0>(step.inputs(sampler, key)));
       device->synchronize();
       (first ? capture_ms : traced_ms.emplace_back()) = timing::milliseconds_since(t0);
       traced_bar.tick(i + 1);
     }
-    const Tensor& traced_x = std::get<0>(step.inputs(*model, key));
+    const Tensor& traced_x = std::get<0>(step.inputs(sampler, key));
     const std::vector<float> traced_final = traced_x.to_vector<float>();
-    const TraceId trace = step.tracer(*model, key)->trace_ids().front();
+    const TraceId trace = step.tracer(sampler, key)->trace_ids().front();
     const TraceInfo info = device->trace_info(trace);
     const double traced_median = traced_ms.empty() ? capture_ms : median(traced_ms);
     traced_bar.finish(fmt::format("median {:.2f} ms/step (first step, with capture: {:.1f} ms)",
@@ -199,7 +225,7 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
                 r.identical ? "identical" : "DIFFERENT");
     all_identical = all_identical && r.identical;
   }
-  std::printf("  live traces: %zu (one per resolution)\n", step.live_traces(*model));
+  std::printf("  live traces: %zu (one per resolution)\n", step.live_traces(sampler));
   if (!all_identical) {
     std::fprintf(stderr,
                  "retrace demo: traced and eager results differ; this is a bug, please "

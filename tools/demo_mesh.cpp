@@ -47,6 +47,8 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                 "demo: --mesh splits the model over CPU devices; --device {} cannot be a mesh "
                 "member (collectives between CUDA devices are not built yet)",
                 o.device);
+  RETRACE_CHECK(d.sampler == "ddim", invalid_argument,
+                "demo: --mesh runs the DDIM sampler only, not --sampler {}", d.sampler);
   // The whole model on one device: the reference.
   auto [device, model, batch, label] = load_demo_model(o, d);
   const models::DiTConfig& c = model->config();

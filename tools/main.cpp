@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
     demo->add_option("--cfg-scale", demo_extra.cfg_scale,
                      "classifier-free guidance scale (1: none)")
         ->check(CLI::Range(0.0, 1000.0));
+    demo->add_option("--sampler", demo_extra.sampler,
+                     "ddim (deterministic), euler, or euler-ancestral (draws fresh noise every "
+                     "step, on the device, also in the trace)")
+        ->check(CLI::IsMember({"ddim", "euler", "euler-ancestral"}));
     demo->add_option("--mesh", demo_extra.mesh,
                      "also run the model split over a mesh of N CPU devices (tensor parallel: "
                      "heads and MLP width; N must divide both), traced and eager, against one "

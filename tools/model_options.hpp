@@ -32,6 +32,7 @@ struct DemoOptions {
   double cfg_scale = 4.0;
   std::string preview;      // PNG of the final latents; default dit_sample.png with --weights
   std::size_t mesh = 0;     // > 0: also split the model over a mesh of this many CPU devices
+  std::string sampler = "ddim";  // ddim, euler or euler-ancestral (models::parse_sampler)
 };
 
 // retrace inspect's options.

@@ -375,11 +375,12 @@ Tensor DiT::sample_step(const Tensor& latents, const Tensor& t_frequencies, cons
   return layers::ddim_update(latents, eps, coefficients);
 }
 
-DdimSchedule::DdimSchedule(std::int64_t steps) {
-  constexpr std::int64_t kTrainSteps = 1000;
-  RETRACE_CHECK(steps >= 1 && steps <= kTrainSteps, invalid_argument,
-                "DDIM: steps must be from 1 to {}, got {}", kTrainSteps, steps);
-  // The reference's cumulative alphas, linear betas from 1e-4 to 0.02 over 1000 steps.
+namespace {
+
+constexpr std::int64_t kTrainSteps = 1000;
+
+// The reference's cumulative alphas, linear betas from 1e-4 to 0.02 over 1000 steps.
+std::vector<double> alphas_cumprod() {
   std::vector<double> abar(kTrainSteps);
   double product = 1.0;
   for (std::int64_t t = 0; t < kTrainSteps; ++t) {
@@ -387,7 +388,14 @@ DdimSchedule::DdimSchedule(std::int64_t steps) {
     product *= 1.0 - beta;
     abar[static_cast<std::size_t>(t)] = product;
   }
-  // The reference's "ddimN" spacing: the smallest stride giving N timesteps from 0, else even.
+  return abar;
+}
+
+// The reference's "ddimN" spacing: the smallest stride giving N timesteps from 0, else even;
+// last first.
+std::vector<std::int64_t> spaced_timesteps(std::int64_t steps, std::string_view sampler) {
+  RETRACE_CHECK(steps >= 1 && steps <= kTrainSteps, invalid_argument,
+                "{}: steps must be from 1 to {}, got {}", sampler, kTrainSteps, steps);
   std::vector<std::int64_t> kept;
   for (std::int64_t stride = 1; stride <= kTrainSteps && kept.empty(); ++stride) {
     if ((kTrainSteps + stride - 1) / stride == steps) {
@@ -398,6 +406,28 @@ DdimSchedule::DdimSchedule(std::int64_t steps) {
     for (std::int64_t k = 0; k < steps; ++k) kept.push_back(k * kTrainSteps / steps);
   }
   std::reverse(kept.begin(), kept.end());
+  return kept;
+}
+
+}  // namespace
+
+Tensor DiT::sampler_step(const Tensor& latents, const Tensor& t_frequencies, const Tensor& labels,
+                         const Tensor& coefficients, double cfg_scale, Generator* noise) const {
+  RETRACE_CHECK(coefficients.shape() == Shape({4}), invalid_argument,
+                "DiT: the sampler step's coefficients must be [4] (see SamplerSchedule), got {}",
+                coefficients.shape());
+  const std::vector<Tensor> k = ops::chunk(coefficients, 4, 0);  // a, b, c, s
+  const Tensor eps = guided_noise(ops::mul(latents, k[2]), t_frequencies, labels, cfg_scale);
+  Tensor next = ops::add(ops::mul(latents, k[0]), ops::mul(eps, k[1]));
+  if (noise != nullptr) {
+    ops::add(next, ops::mul(ops::randn(latents.shape(), *noise, latents.dtype()), k[3]), next);
+  }
+  return next;
+}
+
+DdimSchedule::DdimSchedule(std::int64_t steps) {
+  const std::vector<double> abar = alphas_cumprod();
+  const std::vector<std::int64_t> kept = spaced_timesteps(steps, "DDIM");
   for (std::size_t i = 0; i < kept.size(); ++i) {
     const double now = abar[static_cast<std::size_t>(kept[i])];
     const double next = i + 1 < kept.size() ? abar[static_cast<std::size_t>(kept[i + 1])] : 1.0;
@@ -405,6 +435,51 @@ DdimSchedule::DdimSchedule(std::int64_t steps) {
     a.push_back(static_cast<float>(std::sqrt(next / now)));
     b.push_back(static_cast<float>(std::sqrt(1.0 - next) - std::sqrt(next * (1.0 - now) / now)));
   }
+}
+
+std::string_view sampler_name(Sampler sampler) noexcept {
+  switch (sampler) {
+    case Sampler::ddim: return "ddim";
+    case Sampler::euler: return "euler";
+    case Sampler::euler_ancestral: return "euler-ancestral";
+  }
+  return "unknown";
+}
+
+Sampler parse_sampler(std::string_view name) {
+  for (Sampler s : {Sampler::ddim, Sampler::euler, Sampler::euler_ancestral}) {
+    if (name == sampler_name(s)) return s;
+  }
+  RETRACE_FAIL(invalid_argument, "unknown sampler \"{}\" (ddim, euler or euler-ancestral)", name);
+}
+
+SamplerSchedule::SamplerSchedule(Sampler kind, std::int64_t count) : sampler(kind) {
+  if (kind == Sampler::ddim) {
+    const DdimSchedule ddim(count);
+    timesteps = ddim.timesteps;
+    for (std::size_t i = 0; i < ddim.a.size(); ++i) steps.push_back({ddim.a[i], ddim.b[i], 1.0f, 0.0f});
+    return;
+  }
+  const std::vector<double> abar = alphas_cumprod();
+  const std::vector<std::int64_t> kept = spaced_timesteps(count, sampler_name(kind));
+  auto sigma_of = [&](std::size_t i) {
+    if (i >= kept.size()) return 0.0;
+    const double ab = abar[static_cast<std::size_t>(kept[i])];
+    return std::sqrt((1.0 - ab) / ab);
+  };
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    const double sigma = sigma_of(i), next = sigma_of(i + 1);
+    double up = 0.0, down = next;
+    if (kind == Sampler::euler_ancestral) {
+      up = std::min(next, next * std::sqrt(std::max(0.0, 1.0 - (next * next) / (sigma * sigma))));
+      down = std::sqrt(std::max(0.0, next * next - up * up));
+    }
+    timesteps.push_back(static_cast<float>(kept[i]));
+    steps.push_back({1.0f, static_cast<float>(down - sigma),
+                     static_cast<float>(1.0 / std::sqrt(sigma * sigma + 1.0)),
+                     static_cast<float>(up)});
+  }
+  initial_scale = static_cast<float>(std::sqrt(sigma_of(0) * sigma_of(0) + 1.0));
 }
 
 }  // namespace retrace::models

@@ -24,6 +24,7 @@ from ._core import (  # noqa: F401
     Device,
     Tensor,
     Tracer,
+    Generator,
     Error,
     InvalidArgument,
     InvalidType,
@@ -51,7 +52,7 @@ from ._tracing import StateTensor, traced_function  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = [
-    "DType", "Layout", "Device", "Tensor", "Tracer", "StateTensor", "traced_function",
+    "DType", "Layout", "Device", "Tensor", "Tracer", "Generator", "StateTensor", "traced_function",
     "Error", "InvalidArgument", "InvalidType", "FailedPrecondition", "CaptureViolation",
     "OutOfMemory", "DeviceError", "Unimplemented",
     "float32", "bfloat16", "int32", "uint32", "uint8", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",

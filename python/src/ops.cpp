@@ -1,5 +1,6 @@
 // retrace.ops: every op of the C++ library, with keyword arguments and out=.
 #include "bindings.hpp"
+#include "retrace/random.hpp"
 
 #include "retrace/error.hpp"
 #include "retrace/ops.hpp"
@@ -121,6 +122,55 @@ void bind_ops(nb::module_& m) {
       nb::arg("start"), nb::arg("end") = nb::none(), nb::arg("step") = 1.0, nb::kw_only(),
       nb::arg("device"), nb::arg("dtype") = nb::none(), nb::arg("queue") = nb::none(),
       "[start, start + step, ...) below end (arange(n): 0 .. n-1), on the device.");
+  nb::class_<Generator>(m, "Generator",
+                        "A counter-based random generator (Philox4x32-10) whose state (seed, "
+                        "offset) lives on the device: draws inside a trace advance it on every "
+                        "replay.")
+      .def(
+          "__init__",
+          [](Generator* self, nb::handle device, std::uint64_t seed) {
+            new (self) Generator(device_of(device, "Generator"), seed);
+          },
+          nb::arg("device"), nb::arg("seed") = 0, nb::keep_alive<1, 2>())
+      .def("manual_seed", [](Generator& g, std::uint64_t seed) { g.manual_seed(seed); },
+           nb::arg("seed"), "Reseed (offset back to 0).")
+      .def_prop_rw(
+          "offset", [](const Generator& g) { return g.offset(); },
+          [](Generator& g, std::uint64_t offset) { g.set_offset(offset); },
+          "Draws made since seeding (read from the device).")
+      .def_prop_ro("seed", [](const Generator& g) { return g.seed(); })
+      .def_prop_ro("state", [](const Generator& g) { return g.state(); },
+                   "uint32 [4] device tensor: seed low, seed high, offset low, offset high.");
+  const auto def_random = [&ops](const char* name, auto make, auto into, const char* doc) {
+    ops.def(
+        name,
+        [name, make, into](nb::handle shape, Generator& gen, nb::handle dtype, nb::handle out,
+                           nb::handle queue) {
+          const QueueId q = parse_queue(queue);
+          if (!out.is_none()) {
+            RETRACE_CHECK(shape.is_none(), invalid_argument,
+                          "{}: give a shape or out=, not both", name);
+            into(gen, tensor_arg(out, name, "out"), q);
+            return nb::borrow(out);
+          }
+          const auto dims = int_list(shape, name, "shape");
+          return nb::cast(make(Shape(std::span<const std::int64_t>(dims)), gen,
+                               dtype.is_none() ? DType::float32 : parse_dtype(dtype), q));
+        },
+        nb::arg("shape") = nb::none(), nb::kw_only(), nb::arg("generator"),
+        nb::arg("dtype") = nb::none(), nb::arg("out") = nb::none(), nb::arg("queue") = nb::none(),
+        doc);
+  };
+  def_random(
+      "randn",
+      [](const Shape& s, Generator& g, DType d, QueueId q) { return ops::randn(s, g, d, q); },
+      [](Generator& g, const Tensor& o, QueueId q) { ops::randn(g, o, q); },
+      "Standard normal values from one draw of `generator` (advances it by one).");
+  def_random(
+      "rand",
+      [](const Shape& s, Generator& g, DType d, QueueId q) { return ops::rand(s, g, d, q); },
+      [](Generator& g, const Tensor& o, QueueId q) { ops::rand(g, o, q); },
+      "Uniform values in [0, 1) from one draw of `generator` (advances it by one).");
   ops.def(
       "fill", [](const Tensor& t, double value, nb::handle queue) { ops::fill(t, value, parse_queue(queue)); },
       nb::arg("tensor"), nb::arg("value"), nb::kw_only(), nb::arg("queue") = nb::none());

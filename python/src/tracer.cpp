@@ -394,6 +394,7 @@ class PyTracer {
     nb::dict slot_kwargs = nb::borrow<nb::dict>(map_tensors(checked_kwargs, place));
 
     if (core_.options().prep_run) {
+      const retrace::detail::PrepRunScope prep_scope;  // random draws do not advance
       if (core_.options().clone_prep_inputs) {
         auto clone = [&](const Tensor& t) { return nb::cast(t.clone(options.queue)); };
         nb::object prep_args = map_tensors(slot_args, clone);

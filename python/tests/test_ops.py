@@ -186,3 +186,37 @@ def test_arange(device):
     assert ops.arange(3, 1, device=device).shape == (0,)
     with pytest.raises(retrace.InvalidArgument, match="step must not be 0"):
         ops.arange(0, 1, 0, device=device)
+
+
+def test_random_draws(device):
+    gen = retrace.Generator(device, seed=7)
+    z = ops.randn((2, 3, 5), generator=gen)
+    assert z.shape == (2, 3, 5) and gen.offset == 1 and gen.seed == 7
+    u = ops.rand((1000,), generator=gen, dtype="bfloat16").numpy()
+    assert u.min() >= 0 and u.max() < 1
+    # The same seed and offset give the same numbers; a prefix does not depend on the shape.
+    again = retrace.Generator(device, seed=7)
+    np.testing.assert_array_equal(ops.randn((7,), generator=again).numpy(), z.numpy().ravel()[:7])
+    gen.offset = 0
+    out = retrace.empty((2, 3, 5), device=device)
+    assert ops.randn(generator=gen, out=out) is out
+    np.testing.assert_array_equal(out.numpy(), z.numpy())
+    gen.manual_seed(8)
+    assert gen.offset == 0 and gen.seed == 8
+    with pytest.raises(retrace.InvalidArgument, match="randn: dtype must be float32 or bfloat16"):
+        ops.randn((3,), generator=gen, dtype="int32")
+
+
+def test_random_draws_in_a_trace_advance_on_every_replay(device):
+    traced_gen = retrace.Generator(device, seed=3)
+    eager_gen = retrace.Generator(device, seed=3)
+    tracer = retrace.Tracer(lambda x: ops.add(x, ops.randn((4, 4), generator=traced_gen)), device=device)
+    x = np.ones((4, 4), np.float32)
+    seen = []
+    for _ in range(3):
+        traced = tracer(x).numpy().copy()
+        eager = ops.add(retrace.from_numpy(x).to_device(device), ops.randn((4, 4), generator=eager_gen))
+        np.testing.assert_array_equal(traced, eager.numpy())
+        assert all((traced != earlier).any() for earlier in seen)
+        seen.append(traced)
+    assert traced_gen.offset == 3

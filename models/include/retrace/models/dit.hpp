@@ -23,11 +23,13 @@
 
 #include <retrace/retrace.hpp>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,6 +135,14 @@ class DiT : public TraceOwner {
                                    const Tensor& labels, const Tensor& coefficients,
                                    double cfg_scale) const;
 
+  // One step of a first-order sampler (DDIM, Euler, Euler ancestral: SamplerSchedule):
+  // coefficients [4] = (a, b, c, s); x_next = a x + b eps(c x) + s z with eps the guided noise
+  // prediction for the input c x and z ~ N(0, 1) from one draw of `noise` (null: no noise
+  // term, s ignored). With a generator, traced steps draw new noise on every replay.
+  [[nodiscard]] Tensor sampler_step(const Tensor& latents, const Tensor& t_frequencies,
+                                    const Tensor& labels, const Tensor& coefficients,
+                                    double cfg_scale, Generator* noise) const;
+
   // Builds the position embedding for latents of height x width (a host upload) so forward
   // needs none; forward does this itself when it runs eagerly, but a capture cannot upload, so
   // call this before capturing a new resolution without a prep run.
@@ -169,6 +179,33 @@ struct DdimSchedule {
   std::vector<float> a, b;
   explicit DdimSchedule(std::int64_t steps);
   [[nodiscard]] std::vector<float> coefficients(std::size_t i) const { return {a[i], b[i]}; }
+};
+
+// The samplers of DiT::sampler_step, on DDIM's timesteps (the same spacing) and the
+// reference's noise levels sigma_t = sqrt((1 - abar_t) / abar_t) (k-diffusion's discrete
+// epsilon-prediction wrapper), the last step going to sigma 0:
+//  - ddim:            (a, b, 1, 0) from DdimSchedule (deterministic)
+//  - euler:           x in sigma space, c = 1 / sqrt(sigma^2 + 1) scales the model input,
+//                     x_next = x + (sigma_next - sigma) eps: (1, sigma_next - sigma, c, 0)
+//  - euler_ancestral: Euler to sigma_down, then fresh noise of sigma_up (eta 1):
+//                     (1, sigma_down - sigma, c, sigma_up), sigma_up = sigma_next
+//                     sqrt(1 - sigma_next^2 / sigma^2), sigma_down = sqrt(sigma_next^2 - sigma_up^2)
+// The starting latents are N(0, 1) times initial_scale (1 for DDIM, sqrt(sigma_0^2 + 1) for
+// the Euler samplers).
+enum class Sampler : std::uint8_t { ddim, euler, euler_ancestral };
+[[nodiscard]] std::string_view sampler_name(Sampler sampler) noexcept;  // "euler-ancestral"
+// From a name ("ddim", "euler", "euler-ancestral"); invalid_argument listing them otherwise.
+[[nodiscard]] Sampler parse_sampler(std::string_view name);
+struct SamplerSchedule {
+  Sampler sampler;
+  std::vector<float> timesteps;
+  std::vector<std::array<float, 4>> steps;  // (a, b, c, s) of each step
+  float initial_scale = 1.0f;
+  SamplerSchedule(Sampler sampler, std::int64_t steps);
+  [[nodiscard]] bool stochastic() const noexcept { return sampler == Sampler::euler_ancestral; }
+  [[nodiscard]] std::vector<float> coefficients(std::size_t i) const {
+    return {steps[i][0], steps[i][1], steps[i][2], steps[i][3]};
+  }
 };
 
 }  // namespace retrace::models
