@@ -73,6 +73,12 @@ std::vector<OpCase> op_cases() {
                                                   ops::Causal::yes);
        },
        1e-5},
+      {"attention grouped-query", {{2, 6, 5, 8}, {2, 2, 9, 8}, {2, 2, 9, 4}, {6, 5, 9}},
+       [](const T& x) {
+         return ops::scaled_dot_product_attention(x[0], x[1], x[2], x[3], std::nullopt,
+                                                  ops::Causal::yes);
+       },
+       1e-5},
       {"permute", {{2, 3, 4, 5}}, [](const T& x) { return ops::permute(x[0], {3, 1, 0, 2}); }, 0},
       {"slice", {{8, 21}}, [](const T& x) { return ops::slice(x[0], 1, 2, 19, 3); }, 0},
       {"concat", {{2, 5}, {3, 5}},

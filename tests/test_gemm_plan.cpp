@@ -154,7 +154,14 @@ TEST(GemmPlanTest, AttentionChunksComputeSoftmaxQKTimesV) {
   for (int round = 0; round < 100; ++round) {
     AttentionParams p{};
     p.batch = pick(1, 2);
-    p.heads = pick(1, 3);
+    p.heads = pick(1, 4);
+    // Every other round grouped-query: key/value heads a divisor of the query heads.
+    p.kv_heads = p.heads;
+    if (round % 2 == 1) {
+      do p.kv_heads = pick(1, static_cast<int>(p.heads));
+      while (p.heads % p.kv_heads != 0);
+    }
+    const std::int64_t kv_total = p.batch * p.kv_heads;
     p.sq = pick(1, 4);
     p.sk = pick(1, 4);
     p.d = pick(1, 4);
@@ -165,32 +172,34 @@ TEST(GemmPlanTest, AttentionChunksComputeSoftmaxQKTimesV) {
       for (double& x : v) x = pick(-4, 4) / 4.0;
       return v;
     };
-    const auto q = fill(bh_total * p.sq * p.d), k = fill(bh_total * p.sk * p.d),
-               v = fill(bh_total * p.sk * p.dv);
+    const auto q = fill(bh_total * p.sq * p.d), k = fill(kv_total * p.sk * p.d),
+               v = fill(kv_total * p.sk * p.dv);
     std::vector<double> want(static_cast<std::size_t>(bh_total * p.sq * p.dv));
     for (std::int64_t bh = 0; bh < bh_total; ++bh) {
+      const std::int64_t kv = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
       for (std::int64_t r = 0; r < p.sq; ++r) {
         std::vector<double> w(static_cast<std::size_t>(p.sk));
         double total = 0.0;
         for (std::int64_t c = 0; c < p.sk; ++c) {
           double dot = 0.0;
           for (std::int64_t l = 0; l < p.d; ++l) {
-            dot += q[(bh * p.sq + r) * p.d + l] * k[(bh * p.sk + c) * p.d + l];
+            dot += q[(bh * p.sq + r) * p.d + l] * k[(kv * p.sk + c) * p.d + l];
           }
           total += (w[c] = std::exp(dot));
         }
         for (std::int64_t j = 0; j < p.dv; ++j) {
           double acc = 0.0;
           for (std::int64_t c = 0; c < p.sk; ++c)
-            acc += w[c] / total * v[(bh * p.sk + c) * p.dv + j];
+            acc += w[c] / total * v[(kv * p.sk + c) * p.dv + j];
           want[(bh * p.sq + r) * p.dv + j] = acc;
         }
       }
     }
     const std::int64_t chunk = pick(1, static_cast<int>(bh_total));
     std::vector<double> got(want.size(), std::nan(""));
-    for (std::int64_t bh0 = 0; bh0 < bh_total; bh0 += chunk) {
-      const std::int64_t bhs = std::min(chunk, bh_total - bh0);
+    for (std::int64_t bh0 = 0, bhs = 0; bh0 < bh_total; bh0 += bhs) {
+      bhs = attention_chunk_size(p, bh0, chunk);
+      ASSERT_GE(bhs, 1);
       const AttentionCalls calls = plan_attention(p, bh0, bhs);
       std::vector<double> scores(static_cast<std::size_t>(bhs * p.sq * p.sk), std::nan(""));
       emulate(calls.scores, q, k, scores);

@@ -441,5 +441,99 @@ TEST_F(OpMathTest, CausalAttentionMatchesFloat64) {
   }
 }
 
+// Grouped-query attention: 6 query heads over 2 or 3 key/value heads (and 1: multi-query),
+// against float64 with a per-head mask and causal, equal to attention over the key/value heads
+// repeated per group (torch's enable_gqa) bit for bit, traced == eager; bad head counts named.
+TEST_F(OpMathTest, GroupedQueryAttentionMatchesFloat64AndRepeatedHeads) {
+  const std::int64_t b = 2, h = 6, sq = 5, sk = 7, d = 8, dv = 4;
+  const auto q = uniform(static_cast<std::size_t>(b * h * sq * d), -1.0f, 1.0f, 21);
+  const auto m = uniform(static_cast<std::size_t>(h * sq * sk), -0.5f, 0.5f, 24);
+  const Tensor tq = device_tensor(device(), q, {b, h, sq, d});
+  const Tensor tm = device_tensor(device(), m, {1, h, sq, sk});
+  for (const std::int64_t hkv : {1, 2, 3}) {
+    const std::int64_t group = h / hkv;
+    const auto k = uniform(static_cast<std::size_t>(b * hkv * sk * d), -1.0f, 1.0f, 22 + hkv);
+    const auto v = uniform(static_cast<std::size_t>(b * hkv * sk * dv), -1.0f, 1.0f, 32 + hkv);
+    // The key/value heads repeated per group: [b, h, ...].
+    std::vector<float> k_rep, v_rep;
+    for (std::int64_t bb = 0; bb < b; ++bb)
+      for (std::int64_t hh = 0; hh < h; ++hh) {
+        const std::int64_t src = bb * hkv + hh / group;
+        k_rep.insert(k_rep.end(), k.begin() + src * sk * d, k.begin() + (src + 1) * sk * d);
+        v_rep.insert(v_rep.end(), v.begin() + src * sk * dv, v.begin() + (src + 1) * sk * dv);
+      }
+    const Tensor tk = device_tensor(device(), k, {b, hkv, sk, d});
+    const Tensor tv = device_tensor(device(), v, {b, hkv, sk, dv});
+    const Tensor tk_rep = device_tensor(device(), k_rep, {b, h, sk, d});
+    const Tensor tv_rep = device_tensor(device(), v_rep, {b, h, sk, dv});
+    for (const bool causal : {false, true}) {
+      const auto c = causal ? ops::Causal::yes : ops::Causal::no;
+      const std::string what = "hkv " + std::to_string(hkv) + (causal ? " causal" : "");
+      std::vector<double> want;
+      for (std::int64_t bh = 0; bh < b * h; ++bh) {
+        const std::int64_t kv = (bh / h) * hkv + (bh % h) / group, head = bh % h;
+        for (std::int64_t i = 0; i < sq; ++i) {
+          const std::int64_t last = causal ? std::min(i, sk - 1) : sk - 1;
+          std::vector<double> w(static_cast<std::size_t>(sk), 0.0);
+          double top = -INFINITY, total = 0;
+          for (std::int64_t j = 0; j <= last; ++j) {
+            double dot = 0;
+            for (std::int64_t e = 0; e < d; ++e)
+              dot += double(q[static_cast<std::size_t>((bh * sq + i) * d + e)]) *
+                     k[static_cast<std::size_t>((kv * sk + j) * d + e)];
+            w[static_cast<std::size_t>(j)] =
+                dot / std::sqrt(double(d)) + m[static_cast<std::size_t>((head * sq + i) * sk + j)];
+            top = std::max(top, w[static_cast<std::size_t>(j)]);
+          }
+          for (std::int64_t j = 0; j <= last; ++j)
+            total += (w[static_cast<std::size_t>(j)] = std::exp(w[static_cast<std::size_t>(j)] - top));
+          for (std::int64_t e = 0; e < dv; ++e) {
+            double sum = 0;
+            for (std::int64_t j = 0; j <= last; ++j)
+              sum += w[static_cast<std::size_t>(j)] * v[static_cast<std::size_t>((kv * sk + j) * dv + e)];
+            want.push_back(sum / total);
+          }
+        }
+      }
+      const Tensor got = ops::scaled_dot_product_attention(tq, tk, tv, tm, std::nullopt, c);
+      ASSERT_EQ(got.shape(), (Shape{b, h, sq, dv}));
+      expect_near_all(got.to_vector<float>(), want, 2e-6, what);
+      EXPECT_EQ(got.to_vector<float>(),
+                ops::scaled_dot_product_attention(tq, tk_rep, tv_rep, tm, std::nullopt, c)
+                    .to_vector<float>())
+          << what;
+    }
+    auto tracer = make_tracer(
+        [](const Tensor& x, const Tensor& y, const Tensor& z) {
+          return ops::scaled_dot_product_attention(x, y, z);
+        },
+        device());
+    EXPECT_EQ(tracer(tq, tk, tv).to_vector<float>(),
+              ops::scaled_dot_product_attention(tq, tk, tv).to_vector<float>());
+    // Rank 3 (no batch) and bfloat16 take the same path.
+    const Tensor q3 = ops::reshape(ops::slice(tq, 0, 0, 1), {h, sq, d});
+    const Tensor k3 = ops::reshape(ops::slice(tk, 0, 0, 1), {hkv, sk, d});
+    const Tensor v3 = ops::reshape(ops::slice(tv, 0, 0, 1), {hkv, sk, dv});
+    const Tensor k3r = ops::reshape(ops::slice(tk_rep, 0, 0, 1), {h, sk, d});
+    const Tensor v3r = ops::reshape(ops::slice(tv_rep, 0, 0, 1), {h, sk, dv});
+    EXPECT_EQ(ops::scaled_dot_product_attention(q3, k3, v3).to_vector<float>(),
+              ops::scaled_dot_product_attention(q3, k3r, v3r).to_vector<float>());
+    const auto bf = [](const Tensor& t) { return ops::typecast(t, DType::bfloat16); };
+    EXPECT_EQ(ops::scaled_dot_product_attention(bf(tq), bf(tk), bf(tv)).to_vector<float>(),
+              ops::scaled_dot_product_attention(bf(tq), bf(tk_rep), bf(tv_rep)).to_vector<float>());
+  }
+  const Tensor k4 = device_tensor(device(), uniform(b * 4 * sk * d, -1, 1, 40), {b, 4, sk, d});
+  const Tensor v4 = device_tensor(device(), uniform(b * 4 * sk * dv, -1, 1, 41), {b, 4, sk, dv});
+  EXPECT_RETRACE_ERROR((void)ops::scaled_dot_product_attention(tq, k4, v4), invalid_argument,
+                       "scaled_dot_product_attention: 6 query heads do not split into groups over "
+                       "4 key/value heads");
+  const Tensor k12 = device_tensor(device(), uniform(b * 12 * sk * d, -1, 1, 42), {b, 12, sk, d});
+  const Tensor v12 = device_tensor(device(), uniform(b * 12 * sk * dv, -1, 1, 43), {b, 12, sk, dv});
+  EXPECT_RETRACE_ERROR((void)ops::scaled_dot_product_attention(tq, k12, v12), invalid_argument,
+                       "6 query heads do not split into groups over 12 key/value heads");
+  EXPECT_RETRACE_ERROR((void)ops::scaled_dot_product_attention(tq, k4, ops::slice(v12, 1, 0, 2)),
+                       invalid_argument, "v needs k's B, H and S");
+}
+
 }  // namespace
 }  // namespace retrace

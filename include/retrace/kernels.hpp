@@ -209,9 +209,10 @@ struct TilizeParams {
   bool to_tile;
 };
 
-// out = softmax(q k^T * scale + mask) v per (batch, head); q [B,H,Sq,D], k [B,H,Sk,D],
-// v [B,H,Sk,Dv], mask broadcast to [B,H,Sq,Sk] with the given batch/head/row strides
-// (elements; 0 where the mask broadcasts).
+// out = softmax(q k^T * scale + mask) v per (batch, head); q [B,H,Sq,D], k [B,Hkv,Sk,D],
+// v [B,Hkv,Sk,Dv] with Hkv = kv_heads dividing H (grouped-query attention: query head h reads
+// key/value head h / (H / Hkv); 0 means H), mask broadcast to [B,H,Sq,Sk] with the given
+// batch/head/row strides (elements; 0 where the mask broadcasts).
 struct AttentionParams {
   const void* q;
   const void* k;
@@ -219,6 +220,7 @@ struct AttentionParams {
   const void* mask;  // null: none
   void* out;
   std::int64_t batch, heads, sq, sk, d, dv;
+  std::int64_t kv_heads;
   std::int64_t mask_batch_stride;
   std::int64_t mask_head_stride;
   std::int64_t mask_row_stride;
@@ -226,6 +228,14 @@ struct AttentionParams {
   DType dtype;
   bool causal;  // key j is masked out for query i when j > i (top-left aligned, as torch)
 };
+
+// The key/value head (batch included) that query head `bh` (batch * heads + head) reads.
+[[nodiscard]] constexpr std::int64_t attention_kv_index(const AttentionParams& p,
+                                                        std::int64_t bh) noexcept {
+  const std::int64_t kv = p.kv_heads > 0 ? p.kv_heads : p.heads;
+  if (kv == p.heads) return bh;
+  return (bh / p.heads) * kv + (bh % p.heads) / (p.heads / kv);
+}
 
 // One member's part of a collective over a group of devices (retrace/mesh.hpp). Every member of
 // the group enqueues the same collective with its own rank, src and dst; the group (owned by the

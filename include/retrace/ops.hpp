@@ -172,8 +172,9 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out,
             QueueId queue = kDefaultQueue);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
             QueueId queue = kDefaultQueue);
-// softmax(q k^T * scale + mask) v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (or rank 3
-// without B); mask (optional, additive) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
+// softmax(q k^T * scale + mask) v. q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] (or
+// rank 3 without B), Hkv = H or, for grouped-query attention, a divisor of H (query head h uses
+// key/value head h / (H / Hkv), as torch's enable_gqa); mask (optional, additive) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
 // [H or 1, Sq or 1, Sk] or [B or 1, H or 1, Sq or 1, Sk] (e.g. a key-padding mask [B, 1, 1, Sk]);
 // scale defaults to 1/sqrt(D).
 [[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,

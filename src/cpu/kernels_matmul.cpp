@@ -85,7 +85,8 @@ void attention_kernel(const std::byte* raw) {
     for (std::int64_t bh = begin; bh < end; ++bh) {
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       const float* q = as_float(static_cast<const T*>(p.q) + bh * q_size, q_size, 0);
-      const float* k = as_float(static_cast<const T*>(p.k) + bh * k_size, k_size, 1);
+      const std::int64_t kv = attention_kv_index(p, bh);
+      const float* k = as_float(static_cast<const T*>(p.k) + kv * k_size, k_size, 1);
       float* s = scratch(2, p.sq * p.sk);
       sgemm(false, true, p.sq, p.sk, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::eigen);
       const T* mask = p.mask == nullptr
@@ -102,7 +103,7 @@ void attention_kernel(const std::byte* raw) {
         }
         softmax_row(row, row, p.sk);
       }
-      const float* v = as_float(static_cast<const T*>(p.v) + bh * v_size, v_size, 1);
+      const float* v = as_float(static_cast<const T*>(p.v) + kv * v_size, v_size, 1);
       T* out = static_cast<T*>(p.out) + bh * p.sq * p.dv;
       float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(3, p.sq * p.dv);
       sgemm(false, false, p.sq, p.dv, p.sk, 1.0f, s, v, 0.0f, o, GemmLibrary::eigen);

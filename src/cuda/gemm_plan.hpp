@@ -8,6 +8,7 @@
 
 #include "retrace/kernels.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -113,25 +114,41 @@ struct AttentionCalls {
   GemmCall output;
 };
 
+// With grouped-query attention (kv_heads < heads) a chunk must stay within one group of query
+// heads (see attention_chunk_size), whose key and value head is one matrix: batch stride 0.
 inline AttentionCalls plan_attention(const AttentionParams& p, std::int64_t bh0, std::int64_t bhs) {
   AttentionCalls calls;
+  const bool grouped = p.kv_heads > 0 && p.kv_heads != p.heads;
+  const std::int64_t kv0 = attention_kv_index(p, bh0);
   GemmCall& s = calls.scores;
   s = column_major_call(false, true, p.sq, p.sk, p.d);
-  s.offset_first = bh0 * p.sk * p.d;
+  s.offset_first = kv0 * p.sk * p.d;
   s.offset_second = bh0 * p.sq * p.d;
-  s.stride_first = p.sk * p.d;
+  s.stride_first = grouped ? 0 : p.sk * p.d;
   s.stride_second = p.sq * p.d;
   s.stride_out = p.sq * p.sk;
   s.batch = bhs;
   GemmCall& o = calls.output;
   o = column_major_call(false, false, p.sq, p.dv, p.sk);
-  o.offset_first = bh0 * p.sk * p.dv;
+  o.offset_first = kv0 * p.sk * p.dv;
   o.offset_out = bh0 * p.sq * p.dv;
-  o.stride_first = p.sk * p.dv;
+  o.stride_first = grouped ? 0 : p.sk * p.dv;
   o.stride_second = p.sq * p.sk;
   o.stride_out = p.sq * p.dv;
   o.batch = bhs;
   return calls;
+}
+
+// The (batch, head) pairs of the chunk starting at bh0: at most `chunk`, not past the end,
+// and not past the end of bh0's group of query heads under grouped-query attention.
+inline std::int64_t attention_chunk_size(const AttentionParams& p, std::int64_t bh0,
+                                         std::int64_t chunk) {
+  std::int64_t end = p.batch * p.heads;
+  if (p.kv_heads > 0 && p.kv_heads != p.heads) {
+    const std::int64_t group = p.heads / p.kv_heads;
+    end = std::min(end, (bh0 / group + 1) * group);
+  }
+  return std::min(chunk, end - bh0);
 }
 
 }  // namespace retrace::cuda

@@ -169,8 +169,8 @@ cudaError_t launch_attention(const AttentionParams& p, const LaunchContext& ctx,
   const std::int64_t chunk = attention_chunk(p);
   auto* scores = static_cast<float*>(ctx.scratch);
   void* probs = static_cast<char*>(ctx.scratch) + scores_bytes(p, chunk);
-  for (std::int64_t bh0 = 0; bh0 < bh_total; bh0 += chunk) {
-    const std::int64_t bhs = bh_total - bh0 < chunk ? bh_total - bh0 : chunk;
+  for (std::int64_t bh0 = 0, bhs = 0; bh0 < bh_total; bh0 += bhs) {
+    bhs = attention_chunk_size(p, bh0, chunk);
     const AttentionCalls calls = plan_attention(p, bh0, bhs);
     if (p.sk == 0) {
       // no keys: nothing to score (the output is zero below)

@@ -220,14 +220,18 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                 q.shape(), k.shape(), v.shape());
   const std::int64_t batch = rank == 4 ? q.shape()[0] : 1, heads = q.shape()[-3];
   const std::int64_t sq = q.shape()[-2], d = q.shape()[-1];
-  const std::int64_t sk = k.shape()[-2], dv = v.shape()[-1];
-  const bool kv_match = k.shape()[-1] == d && v.shape()[-2] == sk && k.shape()[-3] == heads &&
-                        v.shape()[-3] == heads &&
+  const std::int64_t sk = k.shape()[-2], dv = v.shape()[-1], kv_heads = k.shape()[-3];
+  const bool kv_match = k.shape()[-1] == d && v.shape()[-2] == sk && v.shape()[-3] == kv_heads &&
                         (rank == 3 || (k.shape()[0] == batch && v.shape()[0] == batch));
   RETRACE_CHECK(kv_match, invalid_argument,
-                "{}: shapes do not fit: q {}, k {}, v {} (k needs q's B, H and D; v needs k's "
-                "B, H and S)",
+                "{}: shapes do not fit: q {}, k {}, v {} (k needs q's B and D; v needs k's B, "
+                "H and S)",
                 op, q.shape(), k.shape(), v.shape());
+  // Grouped-query attention: fewer key/value heads than query heads, dividing them.
+  RETRACE_CHECK(kv_heads == heads || (kv_heads > 0 && kv_heads < heads && heads % kv_heads == 0), invalid_argument,
+                "{}: {} query heads do not split into groups over {} key/value heads (q {}, k {}; "
+                "grouped-query attention needs the key/value heads to divide the query heads)",
+                op, heads, kv_heads, q.shape(), k.shape());
   AttentionParams params{};
   if (!mask.is_null()) {
     check_pair(q, "q", mask, "mask", op);
@@ -261,6 +265,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   params.out = data_of(out);
   params.batch = batch;
   params.heads = heads;
+  params.kv_heads = kv_heads;
   params.sq = sq;
   params.sk = sk;
   params.d = d;
