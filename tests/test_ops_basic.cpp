@@ -18,9 +18,10 @@ TEST_F(BasicOpsTest, FullAndFillEveryDType) {
   for (const DTypeInfo& info : kDTypeTable) {
     Tensor t = ops::full({3, 5}, 7.0, device(), info.dtype);
     EXPECT_EQ(t.dtype(), info.dtype);
-    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(15, 7.0f)) << info.name;
+    const float one = info.dtype == DType::bool_ ? 1.0f : 0.0f;  // bool: nonzero is true (1)
+    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(15, one != 0 ? one : 7.0f)) << info.name;
     ops::fill(t, 2.0);
-    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(15, 2.0f)) << info.name;
+    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(15, one != 0 ? one : 2.0f)) << info.name;
   }
 }
 

@@ -39,7 +39,9 @@ class Buffer;
   X(tilize, TilizeParams)               \
   X(attention, AttentionParams)         \
   X(collective, CollectiveParams)       \
-  X(random, RandomParams)
+  X(random, RandomParams)               \
+  X(compare, CompareParams)             \
+  X(where, WhereParams)
 
 enum class KernelId : std::uint16_t {
 #define RETRACE_KERNEL_ENUM(name, params) name,
@@ -61,7 +63,7 @@ inline constexpr std::size_t kKernelCount = static_cast<std::size_t>(KernelId::c
   return "unknown";
 }
 
-inline constexpr std::size_t kMaxKernelParamsBytes = 240;
+inline constexpr std::size_t kMaxKernelParamsBytes = 320;
 // Iteration spaces handed to kernels are collapsed, and never need more dimensions than a
 // Shape has: every op takes tensors of any rank Shape allows (one limit, Shape::kMaxRank).
 inline constexpr int kMaxKernelRank = 8;  // == Shape::kMaxRank (checked in src/ops/checks.cpp)
@@ -272,6 +274,36 @@ struct RandomParams {
   DType dtype;
   RandomDist dist;
   bool advance;
+};
+
+// out[i] = a[ia] op b[ib] as bool_ (1 or 0) over a broadcast iteration space (as BinaryParams);
+// a NaN compares unequal to everything (ne true, the others false), as IEEE 754 and numpy.
+enum class CompareOp : std::uint8_t { eq, ne, lt, le, gt, ge };
+struct CompareParams {
+  const void* a;
+  const void* b;
+  std::uint8_t* out;
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t a_strides[kMaxKernelRank];
+  std::int64_t b_strides[kMaxKernelRank];
+  std::int32_t rank;
+  DType dtype;  // of a and b
+  CompareOp op;
+};
+
+// out[i] = cond[ic] ? a[ia] : b[ib] over a broadcast iteration space; cond is bool_ (any
+// nonzero byte is true), a, b and out of `dtype`; out contiguous.
+struct WhereParams {
+  const std::uint8_t* cond;
+  const void* a;
+  const void* b;
+  void* out;
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t cond_strides[kMaxKernelRank];
+  std::int64_t a_strides[kMaxKernelRank];
+  std::int64_t b_strides[kMaxKernelRank];
+  std::int32_t rank;
+  std::int32_t elem_size;  // bytes per element of a, b and out
 };
 
 // The kernel that takes each parameter struct (and the struct of each kernel).

@@ -2,7 +2,8 @@
 // infers the output shape, allocates outputs on the inputs' device and enqueues a backend kernel
 // on a queue (default 0). Ops run eagerly or, inside a trace capture, are recorded for replay.
 // float32 and bfloat16 everywhere (bfloat16 storage, float32 arithmetic); int32/uint32 for
-// elementwise arithmetic and typecasts. Optional tensor arguments are "absent" when null.
+// elementwise arithmetic and typecasts; bool for comparisons, where and masks (typecast and
+// fill map any nonzero value, NaN included, to true). Optional tensor arguments are "absent" when null.
 //
 // Edges: a 0 extent broadcast against 1 gives 0; reductions over an empty last dimension give
 // sum 0, mean NaN, max -inf; NaN propagates through relu, max, maximum and minimum (either
@@ -75,6 +76,32 @@ RETRACE_DECLARE_BINARY(pow)  // a ** b (C's powf for floats; integers: see the h
                            QueueId queue = kDefaultQueue);
 void clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const Tensor& out,
            QueueId queue = kDefaultQueue);
+
+// Comparisons: bool results (DType::bool_, 1 or 0) with numpy broadcasting; operands of one
+// dtype (any), or a scalar (rounded to a floating dtype; for integer dtypes a whole number in
+// range). A NaN is unequal to everything: ne is true, eq, lt, le, gt, ge false.
+#define RETRACE_DECLARE_COMPARE(name)                                                       \
+  [[nodiscard]] Tensor name(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue); \
+  [[nodiscard]] Tensor name(const Tensor& a, double b, QueueId queue = kDefaultQueue);      \
+  void name(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue = kDefaultQueue);
+RETRACE_DECLARE_COMPARE(eq)
+RETRACE_DECLARE_COMPARE(ne)
+RETRACE_DECLARE_COMPARE(lt)
+RETRACE_DECLARE_COMPARE(le)
+RETRACE_DECLARE_COMPARE(gt)
+RETRACE_DECLARE_COMPARE(ge)
+#undef RETRACE_DECLARE_COMPARE
+
+// cond ? a : b elementwise; cond bool, a and b of one dtype; the three broadcast together.
+// Values are moved, not computed: NaN payloads and -0 come through unchanged.
+[[nodiscard]] Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b,
+                           QueueId queue = kDefaultQueue);
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out,
+           QueueId queue = kDefaultQueue);
+// a with `value` where mask (bool, broadcasting to a's shape) is true, as torch.masked_fill:
+// e.g. masked_fill(scores, padding, -inf). The value follows the scalar rule above.
+[[nodiscard]] Tensor masked_fill(const Tensor& a, const Tensor& mask, double value,
+                                 QueueId queue = kDefaultQueue);
 
 // Unary ops (float32, bfloat16).
 #define RETRACE_DECLARE_UNARY(name)                                                  \

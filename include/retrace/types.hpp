@@ -21,7 +21,8 @@
 
 namespace retrace {
 
-enum class DType : std::uint8_t { float32, bfloat16, int32, uint32, uint8 };
+// bool_: one byte per element holding 0 or 1 (comparisons, where, masked_fill); stored as uint8.
+enum class DType : std::uint8_t { float32, bfloat16, int32, uint32, uint8, bool_ };
 
 struct DTypeInfo {
   DType dtype;
@@ -30,12 +31,13 @@ struct DTypeInfo {
   bool is_floating;
 };
 
-inline constexpr std::array<DTypeInfo, 5> kDTypeTable{{
+inline constexpr std::array<DTypeInfo, 6> kDTypeTable{{
     {DType::float32, "float32", 4, true},
     {DType::bfloat16, "bfloat16", 2, true},
     {DType::int32, "int32", 4, false},
     {DType::uint32, "uint32", 4, false},
     {DType::uint8, "uint8", 1, false},
+    {DType::bool_, "bool", 1, false},
 }};
 
 [[nodiscard]] constexpr const DTypeInfo& dtype_info(DType dtype) noexcept {

@@ -38,6 +38,7 @@ from ._core import (  # noqa: F401
     int32,
     uint32,
     uint8,
+    bool as bool_,
     ROW_MAJOR_LAYOUT,
     TILE_LAYOUT,
     open_device,
@@ -55,6 +56,6 @@ __all__ = [
     "DType", "Layout", "Device", "Tensor", "Tracer", "Generator", "StateTensor", "traced_function",
     "Error", "InvalidArgument", "InvalidType", "FailedPrecondition", "CaptureViolation",
     "OutOfMemory", "DeviceError", "Unimplemented",
-    "float32", "bfloat16", "int32", "uint32", "uint8", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
+    "float32", "bfloat16", "int32", "uint32", "uint8", "bool_", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
     "open_device", "available_backends", "from_numpy", "from_dlpack", "empty", "ops",
 ]

@@ -171,6 +171,45 @@ void bind_ops(nb::module_& m) {
       [](const Shape& s, Generator& g, DType d, QueueId q) { return ops::rand(s, g, d, q); },
       [](Generator& g, const Tensor& o, QueueId q) { ops::rand(g, o, q); },
       "Uniform values in [0, 1) from one draw of `generator` (advances it by one).");
+#define RETRACE_PY_COMPARE(name)                                                           \
+  ops.def(                                                                                 \
+      #name,                                                                               \
+      [](const Tensor& a, nb::handle b, nb::handle out, nb::handle queue) {                \
+        const QueueId q = parse_queue(queue);                                              \
+        if (!nb::isinstance<Tensor>(b)) {                                                  \
+          RETRACE_CHECK(out.is_none(), invalid_argument,                                   \
+                        #name ": out= takes a tensor b, not a scalar");                    \
+          return nb::cast(ops::name(a, nb::cast<double>(b), q));                           \
+        }                                                                                  \
+        const Tensor& bt = *nb::inst_ptr<Tensor>(b);                                       \
+        return with_out(out, [&] { return ops::name(a, bt, q); },                          \
+                        [&](const Tensor& o) { ops::name(a, bt, o, q); }, #name);          \
+      },                                                                                   \
+      nb::arg("a"), nb::arg("b"), nb::kw_only(), nb::arg("out") = nb::none(),              \
+      nb::arg("queue") = nb::none(), "Elementwise comparison: a bool tensor.");
+  RETRACE_PY_COMPARE(eq)
+  RETRACE_PY_COMPARE(ne)
+  RETRACE_PY_COMPARE(lt)
+  RETRACE_PY_COMPARE(le)
+  RETRACE_PY_COMPARE(gt)
+  RETRACE_PY_COMPARE(ge)
+#undef RETRACE_PY_COMPARE
+  ops.def(
+      "where",
+      [](const Tensor& cond, const Tensor& a, const Tensor& b, nb::handle out, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        return with_out(out, [&] { return ops::where(cond, a, b, q); },
+                        [&](const Tensor& o) { ops::where(cond, a, b, o, q); }, "where");
+      },
+      nb::arg("cond"), nb::arg("a"), nb::arg("b"), nb::kw_only(), nb::arg("out") = nb::none(),
+      nb::arg("queue") = nb::none(), "cond ? a : b elementwise (cond bool; broadcasting).");
+  ops.def(
+      "masked_fill",
+      [](const Tensor& a, const Tensor& mask, double value, nb::handle queue) {
+        return ops::masked_fill(a, mask, value, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("mask"), nb::arg("value"), nb::kw_only(),
+      nb::arg("queue") = nb::none(), "a with value where mask (bool) is true.");
   ops.def(
       "fill", [](const Tensor& t, double value, nb::handle queue) { ops::fill(t, value, parse_queue(queue)); },
       nb::arg("tensor"), nb::arg("value"), nb::kw_only(), nb::arg("queue") = nb::none());

@@ -54,6 +54,7 @@ std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype d) {
   if (code == Code::Int && d.bits == 32) return DType::int32;
   if (code == Code::UInt && d.bits == 32) return DType::uint32;
   if (code == Code::UInt && d.bits == 8) return DType::uint8;
+  if (code == Code::Bool && d.bits == 8) return DType::bool_;
   return std::nullopt;
 }
 
@@ -65,6 +66,7 @@ nb::dlpack::dtype dlpack_from_dtype(DType dtype) {
     case DType::int32: return nb::dtype<std::int32_t>();
     case DType::uint32: return nb::dtype<std::uint32_t>();
     case DType::uint8: return nb::dtype<std::uint8_t>();
+    case DType::bool_: return nb::dtype<bool>();
   }
   return nb::dtype<float>();
 }
@@ -142,14 +144,13 @@ Tensor convert_array(const Array& a, const Shape& shape, std::optional<DType> wa
       case DType::int32: return tensor_from(gather<std::int32_t, std::int32_t>(a), shape, target);
       case DType::uint32:
         return tensor_from(gather<std::uint32_t, std::uint32_t>(a), shape, target);
-      case DType::uint8: return tensor_from(gather<std::uint8_t, std::uint8_t>(a), shape, target);
+      case DType::uint8:
+      case DType::bool_:
+        return tensor_from(gather<std::uint8_t, std::uint8_t>(a), shape, target);
     }
   }
   if (code == Code::Float && d.bits == 64 && d.lanes == 1) {
     return tensor_from(gather<double, double>(a), shape, wanted.value_or(DType::float32));
-  }
-  if (code == Code::Bool && d.bits == 8 && d.lanes == 1) {
-    return tensor_from(gather<std::uint8_t, std::uint8_t>(a), shape, wanted.value_or(DType::uint8));
   }
   if (code == Code::Int && d.bits == 64 && d.lanes == 1) {
     const DType target = wanted.value_or(DType::int32);
@@ -391,6 +392,7 @@ void bind_tensors(nb::module_& m) {
       .value("int32", DType::int32)
       .value("uint32", DType::uint32)
       .value("uint8", DType::uint8)
+      .value("bool", DType::bool_)
       .def_prop_ro("itemsize", [](DType d) { return dtype_size(d); })
       .def_prop_ro("is_floating_point", [](DType d) { return dtype_info(d).is_floating; })
       .def("__str__", [](DType d) { return std::string(dtype_name(d)); });

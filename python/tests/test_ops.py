@@ -220,3 +220,23 @@ def test_random_draws_in_a_trace_advance_on_every_replay(device):
         assert all((traced != earlier).any() for earlier in seen)
         seen.append(traced)
     assert traced_gen.offset == 3
+
+
+def test_comparisons_where_and_masked_fill(device):
+    a = np.array([[1.0, np.nan, -3.0], [0.5, 2.0, 0.0]], np.float32)
+    b = np.array([0.5, 0.0, 0.0], np.float32)
+    ta, tb = retrace.from_numpy(a).to_device(device), retrace.from_numpy(b).to_device(device)
+    for name, ref in [("eq", np.equal), ("ne", np.not_equal), ("lt", np.less), ("le", np.less_equal),
+                      ("gt", np.greater), ("ge", np.greater_equal)]:
+        got = getattr(ops, name)(ta, tb)
+        assert got.dtype == retrace.bool_
+        np.testing.assert_array_equal(got.numpy(), ref(a, b))
+        np.testing.assert_array_equal(getattr(ops, name)(ta, 0.5).numpy(), ref(a, np.float32(0.5)))
+    cond = ops.gt(ta, tb)
+    np.testing.assert_array_equal(ops.where(cond, ta, ops.neg(ta)).numpy(), np.where(a > b, a, -a))
+    mask = retrace.from_numpy(np.array([True, False, True])).to_device(device)
+    assert mask.dtype == retrace.bool_
+    np.testing.assert_array_equal(ops.masked_fill(ta, mask, -np.inf).numpy(),
+                                  np.where(np.array([True, False, True]), -np.inf, a).astype(np.float32))
+    with pytest.raises(retrace.InvalidArgument, match="where: cond must be a bool tensor"):
+        ops.where(ta, ta, ta)

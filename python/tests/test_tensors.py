@@ -38,7 +38,7 @@ def test_to_device_and_back(device, rng):
     [
         (np.arange(4, dtype=np.float64) / 3, retrace.float32),
         (np.arange(4, dtype=np.int64) - 2, retrace.int32),
-        (np.array([True, False, True]), retrace.uint8),
+        (np.array([True, False, True]), retrace.bool_),
         (np.arange(4, dtype=np.uint32), retrace.uint32),
         (np.arange(4, dtype=np.uint8), retrace.uint8),
         (np.arange(4, dtype=np.int32), retrace.int32),

@@ -80,7 +80,8 @@ decltype(auto) with_collective_dtype(DType dtype, F&& f) {
     case DType::bfloat16: return f(bfloat16{});
     case DType::int32: return f(std::int32_t{});
     case DType::uint32: return f(std::uint32_t{});
-    case DType::uint8: return f(std::uint8_t{});
+    case DType::uint8:
+    case DType::bool_: return f(std::uint8_t{});
   }
   return f(float{});
 }

@@ -70,6 +70,79 @@ void unary_kernel(const std::byte* raw) {
   });
 }
 
+template <CompareOp op, class V>
+bool compare_values(V a, V b) {
+  if constexpr (op == CompareOp::eq) return a == b;
+  if constexpr (op == CompareOp::ne) return a != b;
+  if constexpr (op == CompareOp::lt) return a < b;
+  if constexpr (op == CompareOp::le) return a <= b;
+  if constexpr (op == CompareOp::gt) return a > b;
+  if constexpr (op == CompareOp::ge) return a >= b;
+}
+
+template <CompareOp op, class T>
+void compare_kernel(const std::byte* raw) {
+  const auto& p = params_as<CompareParams>(raw);
+  using E = Elem<T>;
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  const int last = p.rank - 1;
+  const std::int64_t inner = p.shape[last];
+  const std::int64_t as = p.a_strides[last], bs = p.b_strides[last];
+  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kParallelChunk),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t row = begin; row < end; ++row) {
+                   std::int64_t offsets[2];
+                   row_offsets(row, p.shape, last, {p.a_strides, p.b_strides}, offsets);
+                   const T* ar = a + offsets[0];
+                   const T* br = b + offsets[1];
+                   std::uint8_t* o = p.out + row * inner;
+                   for (std::int64_t j = 0; j < inner; ++j) {
+                     o[j] = compare_values<op>(E::load(ar, j * as), E::load(br, j * bs)) ? 1 : 0;
+                   }
+                 }
+               });
+}
+
+template <class U>  // an unsigned type of the element size: elements are moved, not computed
+void where_kernel(const std::byte* raw) {
+  const auto& p = params_as<WhereParams>(raw);
+  const U* a = static_cast<const U*>(p.a);
+  const U* b = static_cast<const U*>(p.b);
+  U* out = static_cast<U*>(p.out);
+  const int last = p.rank - 1;
+  const std::int64_t inner = p.shape[last];
+  const std::int64_t cs = p.cond_strides[last], as = p.a_strides[last], bs = p.b_strides[last];
+  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kParallelChunk),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t row = begin; row < end; ++row) {
+                   std::int64_t offsets[3];
+                   row_offsets(row, p.shape, last, {p.cond_strides, p.a_strides, p.b_strides},
+                               offsets);
+                   const std::uint8_t* c = p.cond + offsets[0];
+                   const U* ar = a + offsets[1];
+                   const U* br = b + offsets[2];
+                   U* o = out + row * inner;
+                   for (std::int64_t j = 0; j < inner; ++j) {
+                     o[j] = c[j * cs] != 0 ? ar[j * as] : br[j * bs];
+                   }
+                 }
+               });
+}
+
+template <CompareOp op>
+KernelFn compare_for_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return [](const std::byte* p) { compare_kernel<op, float>(p); };
+    case DType::bfloat16: return [](const std::byte* p) { compare_kernel<op, bfloat16>(p); };
+    case DType::int32: return [](const std::byte* p) { compare_kernel<op, std::int32_t>(p); };
+    case DType::uint32: return [](const std::byte* p) { compare_kernel<op, std::uint32_t>(p); };
+    case DType::uint8:
+    case DType::bool_: return [](const std::byte* p) { compare_kernel<op, std::uint8_t>(p); };
+  }
+  RETRACE_FAIL(unimplemented, "the CPU device has no compare kernel for {}", dtype);
+}
+
 template <template <BinaryOp, class> class K, BinaryOp op>
 KernelFn binary_for_dtype(DType dtype) {
   switch (dtype) {
@@ -82,6 +155,7 @@ KernelFn binary_for_dtype(DType dtype) {
     case DType::uint32:
       return &K<op, std::uint32_t>::run;
     case DType::uint8:
+    case DType::bool_:
       break;
   }
   RETRACE_FAIL(unimplemented, "the CPU device has no binary kernel for {}", dtype);
@@ -131,6 +205,29 @@ KernelFn unary_for_dtype(DType dtype) {
 }
 
 }  // namespace
+
+KernelFn resolve(const CompareParams& p) {
+  switch (p.op) {
+    case CompareOp::eq: return compare_for_dtype<CompareOp::eq>(p.dtype);
+    case CompareOp::ne: return compare_for_dtype<CompareOp::ne>(p.dtype);
+    case CompareOp::lt: return compare_for_dtype<CompareOp::lt>(p.dtype);
+    case CompareOp::le: return compare_for_dtype<CompareOp::le>(p.dtype);
+    case CompareOp::gt: return compare_for_dtype<CompareOp::gt>(p.dtype);
+    case CompareOp::ge: return compare_for_dtype<CompareOp::ge>(p.dtype);
+  }
+  RETRACE_FAIL(invalid_argument, "unknown comparison");
+}
+
+KernelFn resolve(const WhereParams& p) {
+  switch (p.elem_size) {
+    case 1: return &where_kernel<std::uint8_t>;
+    case 2: return &where_kernel<std::uint16_t>;
+    case 4: return &where_kernel<std::uint32_t>;
+    default: break;
+  }
+  RETRACE_FAIL(unimplemented, "the CPU device has no where kernel for {}-byte elements",
+               p.elem_size);
+}
 
 KernelFn resolve(const BinaryParams& p) {
   return binary_for<BinaryK>(p.op, p.dtype);

@@ -69,5 +69,7 @@ KernelFn resolve(const TypecastParams& p);
 KernelFn resolve(const TilizeParams& p);
 KernelFn resolve(const CollectiveParams& p);
 KernelFn resolve(const RandomParams& p);
+KernelFn resolve(const CompareParams& p);
+KernelFn resolve(const WhereParams& p);
 
 }  // namespace retrace::cpu

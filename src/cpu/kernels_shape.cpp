@@ -40,8 +40,15 @@ void typecast_kernel(const std::byte* raw) {
   const auto& p = params_as<TypecastParams>(raw);
   const From* src = static_cast<const From*>(p.src);
   To* dst = static_cast<To*>(p.dst);
+  const bool to_bool = p.to == DType::bool_;  // nonzero (NaN included) -> 1, as torch
   for (std::int64_t i = 0; i < p.count; ++i) {
     const auto v = Elem<From>::load(src, i);
+    if constexpr (std::is_same_v<To, std::uint8_t>) {
+      if (to_bool) {
+        dst[i] = v != 0 ? 1 : 0;  // nonzero (NaN included) -> 1, as torch
+        continue;
+      }
+    }
     if constexpr (std::is_same_v<To, bfloat16>) {
       dst[i] = bfloat16::from_float(static_cast<float>(v));
     } else {

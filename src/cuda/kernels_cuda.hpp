@@ -18,6 +18,8 @@ cudaError_t launch_strided_copy(const StridedCopyParams& p, const LaunchContext&
 cudaError_t launch_typecast(const TypecastParams& p, const LaunchContext& ctx);
 cudaError_t launch_tilize(const TilizeParams& p, const LaunchContext& ctx);
 cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx);
+cudaError_t launch_compare(const CompareParams& p, const LaunchContext& ctx);
+cudaError_t launch_where(const WhereParams& p, const LaunchContext& ctx);
 cudaError_t launch_matmul(const MatmulParams& p, const LaunchContext& ctx,
                           cublasStatus_t* blas_status);
 cudaError_t launch_attention(const AttentionParams& p, const LaunchContext& ctx,

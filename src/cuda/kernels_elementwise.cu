@@ -108,6 +108,74 @@ __global__ void random_advance(const FailureRecord* record, std::uint32_t* state
   state[3] = static_cast<std::uint32_t>(next >> 32);
 }
 
+// Element offsets of flat index i in up to three strided operands of a row-major space.
+struct SelectSpace {
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t strides[3][kMaxKernelRank];
+  int rank;
+  std::int64_t count;
+};
+
+__device__ inline void select_offsets(const SelectSpace& s, std::int64_t i, int operands,
+                                      std::int64_t* offsets) {
+  for (int o = 0; o < operands; ++o) offsets[o] = 0;
+  for (int d = s.rank - 1; d >= 0; --d) {
+    const std::int64_t idx = i % s.shape[d];
+    i /= s.shape[d];
+    for (int o = 0; o < operands; ++o) offsets[o] += idx * s.strides[o][d];
+  }
+}
+
+template <class T>
+__global__ void compare_kernel(const FailureRecord* record, SelectSpace s, const T* a, const T* b,
+                               std::uint8_t* out, CompareOp op) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, s.count) {
+    std::int64_t off[2];
+    select_offsets(s, i, 2, off);
+    const auto x = Elem<T>::load(a, off[0]);
+    const auto y = Elem<T>::load(b, off[1]);
+    bool r = false;
+    switch (op) {
+      case CompareOp::eq: r = x == y; break;
+      case CompareOp::ne: r = x != y; break;
+      case CompareOp::lt: r = x < y; break;
+      case CompareOp::le: r = x <= y; break;
+      case CompareOp::gt: r = x > y; break;
+      case CompareOp::ge: r = x >= y; break;
+    }
+    out[i] = r ? 1 : 0;
+  }
+}
+
+template <class U>
+__global__ void where_kernel(const FailureRecord* record, SelectSpace s, const std::uint8_t* cond,
+                             const U* a, const U* b, U* out) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, s.count) {
+    std::int64_t off[3];
+    select_offsets(s, i, 3, off);
+    out[i] = cond[off[0]] != 0 ? a[off[1]] : b[off[2]];
+  }
+}
+
+template <class P>
+SelectSpace select_space(const P& p, std::initializer_list<const std::int64_t*> strides) {
+  SelectSpace s{};
+  s.rank = p.rank;
+  s.count = 1;
+  for (int d = 0; d < p.rank; ++d) {
+    s.shape[d] = p.shape[d];
+    s.count *= p.shape[d];
+  }
+  int o = 0;
+  for (const std::int64_t* st : strides) {
+    for (int d = 0; d < p.rank; ++d) s.strides[o][d] = st[d];
+    ++o;
+  }
+  return s;
+}
+
 // Same-shape operands: a flat loop.
 template <BinaryOp op, class T>
 __global__ void binary_flat_kernel(const FailureRecord* record, const T* a, const T* b, T* out,
@@ -187,10 +255,16 @@ __global__ void unary4_kernel(const FailureRecord* record, const float4* a, floa
 
 template <class From, class To>
 __global__ void typecast_kernel(const FailureRecord* record, const From* src, To* dst,
-                                std::int64_t n) {
+                                std::int64_t n, bool to_bool) {
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
     const auto v = Elem<From>::load(src, i);
+    if constexpr (std::is_same_v<To, std::uint8_t>) {
+      if (to_bool) {
+        dst[i] = v != 0 ? 1 : 0;  // nonzero (NaN included) -> 1, as torch
+        continue;
+      }
+    }
     if constexpr (std::is_same_v<To, bfloat16>) {
       Elem<To>::store(dst, i, static_cast<float>(v));
     } else {
@@ -367,6 +441,43 @@ cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
   });
 }
 
+cudaError_t launch_compare(const CompareParams& p, const LaunchContext& ctx) {
+  const SelectSpace s = select_space(p, {p.a_strides, p.b_strides});
+  if (s.count == 0) return cudaSuccess;
+  return dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    compare_kernel<T><<<blocks_for(s.count), kThreads, 0, ctx.stream>>>(
+        ctx.record, s, static_cast<const T*>(p.a), static_cast<const T*>(p.b), p.out, p.op);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_where(const WhereParams& p, const LaunchContext& ctx) {
+  const SelectSpace s = select_space(p, {p.cond_strides, p.a_strides, p.b_strides});
+  if (s.count == 0) return cudaSuccess;
+  const unsigned int blocks = blocks_for(s.count);
+  switch (p.elem_size) {
+    case 1:
+      where_kernel<std::uint8_t><<<blocks, kThreads, 0, ctx.stream>>>(
+          ctx.record, s, p.cond, static_cast<const std::uint8_t*>(p.a),
+          static_cast<const std::uint8_t*>(p.b), static_cast<std::uint8_t*>(p.out));
+      break;
+    case 2:
+      where_kernel<std::uint16_t><<<blocks, kThreads, 0, ctx.stream>>>(
+          ctx.record, s, p.cond, static_cast<const std::uint16_t*>(p.a),
+          static_cast<const std::uint16_t*>(p.b), static_cast<std::uint16_t*>(p.out));
+      break;
+    case 4:
+      where_kernel<std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
+          ctx.record, s, p.cond, static_cast<const std::uint32_t*>(p.a),
+          static_cast<const std::uint32_t*>(p.b), static_cast<std::uint32_t*>(p.out));
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx) {
   if (p.count > 0) {
     const auto blocks = (p.count + 3) / 4;
@@ -446,7 +557,8 @@ cudaError_t launch_typecast(const TypecastParams& p, const LaunchContext& ctx) {
     return dispatch_dtype(p.to, [&](auto to_tag) {
       using To = decltype(to_tag);
       typecast_kernel<From, To><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
-          ctx.record, static_cast<const From*>(p.src), static_cast<To*>(p.dst), p.count);
+          ctx.record, static_cast<const From*>(p.src), static_cast<To*>(p.dst), p.count,
+          p.to == DType::bool_);
       return cudaGetLastError();
     });
   });

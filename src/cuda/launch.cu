@@ -73,6 +73,11 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
       return "collectives (mesh devices of CUDA members)";
     case KernelId::random:
       return is_float(as<RandomParams>(params).dtype) ? nullptr : "random numbers of integers";
+    case KernelId::where: {
+      const int es = as<WhereParams>(params).elem_size;
+      return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
+    }
+    case KernelId::compare:
     case KernelId::fill:
     case KernelId::copy:
     case KernelId::typecast:
@@ -131,6 +136,12 @@ cudaError_t launch(const AttentionParams& p, const LaunchContext& ctx, cublasSta
 }
 cudaError_t launch(const RandomParams& p, const LaunchContext& ctx, cublasStatus_t*) {
   return launch_random(p, ctx);
+}
+cudaError_t launch(const CompareParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_compare(p, ctx);
+}
+cudaError_t launch(const WhereParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_where(p, ctx);
 }
 cudaError_t launch(const CollectiveParams&, const LaunchContext&, cublasStatus_t*) {
   return cudaErrorNotSupported;  // refused before launch: see unsupported_reason

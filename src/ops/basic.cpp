@@ -20,6 +20,8 @@ Tensor full(const Shape& shape, double value, Device& device, DType dtype, Layou
 
 void fill(const Tensor& tensor, double value, QueueId queue) {
   Device& device = device_of(tensor, "fill", "tensor");
+  // bool: any nonzero value (NaN included) is true, as torch.
+  if (tensor.dtype() == DType::bool_) value = value != 0.0 ? 1.0 : 0.0;
   FillParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
                     tensor.dtype(), value, 0.0};
   Buffer* buffers[] = {tensor.buffer().get()};

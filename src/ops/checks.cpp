@@ -30,6 +30,7 @@ IntegerRange integer_range(DType dtype) {
     case DType::int32: return {-2147483648.0, 2147483647.0};
     case DType::uint32: return {0.0, 4294967295.0};
     case DType::uint8: return {0.0, 255.0};
+    case DType::bool_: return {0.0, 1.0};
     case DType::float32:
     case DType::bfloat16: break;
   }

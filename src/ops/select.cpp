@@ -1,0 +1,197 @@
+// Comparisons (bool results), where and masked_fill: broadcasting like the binary ops.
+#include "ops/checks.hpp"
+#include "retrace/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace retrace::ops {
+
+using namespace detail;
+
+namespace {
+
+// The numpy broadcast of several shapes; the error names the op and every operand's shape.
+Shape broadcast_of(std::initializer_list<std::pair<const Tensor*, std::string_view>> operands,
+                   std::string_view op) {
+  std::size_t rank = 0;
+  for (const auto& [t, name] : operands) rank = std::max(rank, t->shape().rank());
+  std::vector<std::int64_t> out(rank, 1);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const auto axis = static_cast<std::int64_t>(i) - static_cast<std::int64_t>(rank);
+    bool seen = false;
+    for (const auto& [t, name] : operands) {
+      if (i + t->shape().rank() < rank) continue;
+      const std::int64_t d = t->shape()[axis];
+      if (d == 1) continue;
+      RETRACE_CHECK(!seen || d == out[i], invalid_argument,
+                    "{}: {} of shape {} does not broadcast with the others (axis {}: {} vs {})",
+                    op, name, t->shape(), axis, d, out[i]);
+      out[i] = d;  // a 0 extent against 1 broadcasts to 0
+      seen = true;
+    }
+  }
+  return Shape(std::span<const std::int64_t>(out));
+}
+
+std::vector<std::int64_t> strides_in(const Shape& shape, const std::vector<std::int64_t>& out) {
+  const std::vector<std::int64_t> own = contiguous_strides(shape);
+  std::vector<std::int64_t> strides(out.size(), 0);
+  const std::size_t offset = out.size() - shape.rank();
+  for (std::size_t i = 0; i < shape.rank(); ++i) {
+    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : own[i];
+  }
+  return strides;
+}
+
+Device& same_device(std::initializer_list<std::pair<const Tensor*, std::string_view>> operands,
+                    std::string_view op) {
+  Device* device = nullptr;
+  std::string_view first;
+  for (const auto& [t, name] : operands) {
+    Device& d = device_of(*t, op, name);
+    RETRACE_CHECK(t->layout() == Layout::row_major, invalid_argument,
+                  "{}: {} must be row-major, got {}", op, name, t->layout());
+    if (device == nullptr) {
+      device = &d;
+      first = name;
+    }
+    RETRACE_CHECK(&d == device, invalid_argument, "{}: {} is on {} but {} is on {}", op, first,
+                  device->name(), name, d.name());
+  }
+  return *device;
+}
+
+// A scalar operand as a one-element tensor of `like`'s dtype; for integer dtypes it must be a
+// whole number in range (a comparison with 2.5 would otherwise compare with 2).
+Tensor scalar_like(const Tensor& like, double value, std::string_view op) {
+  if (!dtype_info(like.dtype()).is_floating) {
+    const auto [lo, hi] = integer_range(like.dtype());
+    RETRACE_CHECK(std::trunc(value) == value && value >= lo && value <= hi, invalid_argument,
+                  "{}: the scalar {} is not a whole number in the range of {} ([{}, {}]); "
+                  "typecast the tensor to float32 first",
+                  op, value, like.dtype(), lo, hi);
+  }
+  return full({}, value, *like.device(), like.dtype());
+}
+
+void enqueue_compare(const char* op, CompareOp kind, const Tensor& a, const Tensor& b,
+                     const Tensor& out, QueueId queue) {
+  CompareParams params{};
+  params.a = data_of(a);
+  params.b = data_of(b);
+  params.out = static_cast<std::uint8_t*>(data_of(out));
+  params.dtype = a.dtype();
+  params.op = kind;
+  const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
+  fill_space(collapse(shape, {strides_in(a.shape(), shape), strides_in(b.shape(), shape)}),
+             params.shape, {params.a_strides, params.b_strides}, params.rank, op);
+  Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
+}
+
+void check_compare(const char* op, const Tensor& a, const Tensor& b) {
+  same_device({{&a, "a"}, {&b, "b"}}, op);
+  RETRACE_CHECK(a.dtype() == b.dtype(), invalid_argument, "{}: a has dtype {} but b has {}", op,
+                a.dtype(), b.dtype());
+}
+
+Tensor compare(const char* op, CompareOp kind, const Tensor& a, const Tensor& b, QueueId queue) {
+  check_compare(op, a, b);
+  const Shape shape = broadcast_of({{&a, "a"}, {&b, "b"}}, op);
+  Tensor out = Tensor::empty(shape, DType::bool_, *a.device());
+  if (shape.numel() > 0) enqueue_compare(op, kind, a, b, out, queue);
+  return out;
+}
+
+void compare_out(const char* op, CompareOp kind, const Tensor& a, const Tensor& b,
+                 const Tensor& out, QueueId queue) {
+  check_compare(op, a, b);
+  const Shape shape = broadcast_of({{&a, "a"}, {&b, "b"}}, op);
+  same_device({{&a, "a"}, {&out, "out"}}, op);
+  RETRACE_CHECK(out.dtype() == DType::bool_ && out.shape() == shape, invalid_argument,
+                "{}: out must be bool {}, got {} {}", op, shape, out.dtype(), out.shape());
+  if (shape.numel() > 0) enqueue_compare(op, kind, a, b, out, queue);
+}
+
+void enqueue_where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out,
+                   QueueId queue) {
+  WhereParams params{};
+  params.cond = static_cast<const std::uint8_t*>(data_of(cond));
+  params.a = data_of(a);
+  params.b = data_of(b);
+  params.out = data_of(out);
+  params.elem_size = static_cast<std::int32_t>(dtype_size(a.dtype()));
+  const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
+  fill_space(collapse(shape, {strides_in(cond.shape(), shape), strides_in(a.shape(), shape),
+                              strides_in(b.shape(), shape)}),
+             params.shape, {params.cond_strides, params.a_strides, params.b_strides},
+             params.rank, "where");
+  Buffer* buffers[] = {cond.buffer().get(), a.buffer().get(), b.buffer().get(),
+                       out.buffer().get()};
+  a.device()->enqueue(queue, make_launch("where", params, buffers));
+}
+
+Shape check_where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b,
+                  std::string_view cond_name, std::string_view a_name) {
+  same_device({{&cond, cond_name}, {&a, a_name}, {&b, "b"}}, op);
+  RETRACE_CHECK(cond.dtype() == DType::bool_, invalid_argument,
+                "{}: {} must be a bool tensor (a comparison's result, or typecast to bool), got "
+                "{}",
+                op, cond_name, cond.dtype());
+  RETRACE_CHECK(a.dtype() == b.dtype(), invalid_argument, "{}: {} has dtype {} but b has {}", op,
+                a_name, a.dtype(), b.dtype());
+  return broadcast_of({{&cond, cond_name}, {&a, a_name}, {&b, "b"}}, op);
+}
+
+}  // namespace
+
+#define RETRACE_DEFINE_COMPARE(name)                                                       \
+  Tensor name(const Tensor& a, const Tensor& b, QueueId queue) {                           \
+    return compare(#name, CompareOp::name, a, b, queue);                                   \
+  }                                                                                        \
+  Tensor name(const Tensor& a, double b, QueueId queue) {                                  \
+    device_of(a, #name, "a");                                                              \
+    return compare(#name, CompareOp::name, a, scalar_like(a, b, #name), queue);            \
+  }                                                                                        \
+  void name(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue) {          \
+    compare_out(#name, CompareOp::name, a, b, out, queue);                                 \
+  }
+RETRACE_DEFINE_COMPARE(eq)
+RETRACE_DEFINE_COMPARE(ne)
+RETRACE_DEFINE_COMPARE(lt)
+RETRACE_DEFINE_COMPARE(le)
+RETRACE_DEFINE_COMPARE(gt)
+RETRACE_DEFINE_COMPARE(ge)
+#undef RETRACE_DEFINE_COMPARE
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, QueueId queue) {
+  const Shape shape = check_where("where", cond, a, b, "cond", "a");
+  Tensor out = Tensor::empty(shape, a.dtype(), *a.device());
+  if (shape.numel() > 0) enqueue_where(cond, a, b, out, queue);
+  return out;
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out,
+           QueueId queue) {
+  const Shape shape = check_where("where", cond, a, b, "cond", "a");
+  same_device({{&a, "a"}, {&out, "out"}}, "where");
+  RETRACE_CHECK(out.dtype() == a.dtype() && out.shape() == shape, invalid_argument,
+                "where: out must be {} {}, got {} {}", a.dtype(), shape, out.dtype(),
+                out.shape());
+  if (shape.numel() > 0) enqueue_where(cond, a, b, out, queue);
+}
+
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value, QueueId queue) {
+  device_of(a, "masked_fill", "a");
+  const Tensor fill_value = scalar_like(a, value, "masked_fill");
+  const Shape shape = check_where("masked_fill", mask, fill_value, a, "mask", "value");
+  RETRACE_CHECK(shape == a.shape(), invalid_argument,
+                "masked_fill: mask {} must broadcast to a's shape {} (the result would be {})",
+                mask.shape(), a.shape(), shape);
+  Tensor out = Tensor::empty(shape, a.dtype(), *a.device());
+  if (shape.numel() > 0) enqueue_where(mask, fill_value, a, out, queue);
+  return out;
+}
+
+}  // namespace retrace::ops

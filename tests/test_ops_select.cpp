@@ -1,0 +1,198 @@
+// The bool dtype, comparisons, where and masked_fill: against a reference computed here
+// (numpy's rules: broadcasting, NaN unequal to everything, where moving values unchanged), in
+// float32, bfloat16, int32 and uint32, with empty and size-1 dimensions; traced == eager; errors.
+#include "support.hpp"
+
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <limits>
+
+namespace retrace {
+namespace {
+
+using testing::device_tensor;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+class OpSelectTest : public testing::DeviceTest {};
+
+// Flat index of `out_index` (row-major in out_shape) in a tensor of `shape` broadcast to it.
+std::size_t source_index(const Shape& shape, const Shape& out_shape, std::int64_t flat) {
+  std::int64_t index = 0, stride = 1;
+  const auto offset = static_cast<std::int64_t>(out_shape.rank() - shape.rank());
+  for (auto d = static_cast<std::int64_t>(out_shape.rank()) - 1; d >= 0; --d) {
+    const std::int64_t i = flat % out_shape[d];
+    flat /= out_shape[d];
+    if (d >= offset) {
+      const std::int64_t extent = shape[d - offset];
+      if (extent != 1) index += i * stride;
+      stride *= extent;
+    }
+  }
+  return static_cast<std::size_t>(index);
+}
+
+std::vector<float> values_with_specials(std::size_t n, std::uint64_t salt) {
+  std::vector<float> v = testing::random_floats(n, salt, -2.0f, 2.0f);
+  const float specials[] = {0.0f, -0.0f, 1.0f, kNaN, kInf, -kInf, 0.5f};
+  for (std::size_t i = 0; i < v.size(); i += 3) v[i] = specials[(i / 3 + salt) % 7];
+  return v;
+}
+
+TEST_F(OpSelectTest, ComparisonsFollowNumpy) {
+  using Cmp = Tensor (*)(const Tensor&, const Tensor&, QueueId);
+  const std::vector<std::tuple<const char*, Cmp, std::function<bool(double, double)>>> ops_list{
+      {"eq", &ops::eq, [](double x, double y) { return x == y; }},
+      {"ne", &ops::ne, [](double x, double y) { return x != y; }},
+      {"lt", &ops::lt, [](double x, double y) { return x < y; }},
+      {"le", &ops::le, [](double x, double y) { return x <= y; }},
+      {"gt", &ops::gt, [](double x, double y) { return x > y; }},
+      {"ge", &ops::ge, [](double x, double y) { return x >= y; }}};
+  const std::vector<std::pair<Shape, Shape>> shapes{
+      {{4, 1, 5}, {3, 1}}, {{7}, {7}}, {{2, 3}, {}}, {{0, 3}, {1, 3}}, {{1}, {6, 1, 2}}};
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::int32, DType::uint32}) {
+    std::uint64_t salt = 0;
+    for (const auto& [sa, sb] : shapes) {
+      auto a = values_with_specials(static_cast<std::size_t>(sa.numel()), ++salt);
+      auto b = values_with_specials(static_cast<std::size_t>(sb.numel()), ++salt);
+      if (!dtype_info(dtype).is_floating) {  // whole numbers, with equal pairs
+        for (float& x : a) x = std::isfinite(x) ? std::abs(std::round(x * 2)) : 3.0f;
+        for (float& x : b) x = std::isfinite(x) ? std::abs(std::round(x * 2)) : 3.0f;
+      }
+      const Tensor ta = ops::typecast(device_tensor(device(), a, sa), dtype);
+      const Tensor tb = ops::typecast(device_tensor(device(), b, sb), dtype);
+      const std::vector<float> av = ops::typecast(ta, DType::float32).to_vector<float>();
+      const std::vector<float> bv = ops::typecast(tb, DType::float32).to_vector<float>();
+      for (const auto& [name, op, ref] : ops_list) {
+        const Tensor got = op(ta, tb, kDefaultQueue);
+        ASSERT_EQ(got.dtype(), DType::bool_);
+        const std::vector<std::uint8_t> g = got.to_vector<std::uint8_t>();
+        ASSERT_EQ(static_cast<std::int64_t>(g.size()), got.shape().numel());
+        for (std::int64_t i = 0; i < got.shape().numel(); ++i) {
+          const double x = av[source_index(sa, got.shape(), i)];
+          const double y = bv[source_index(sb, got.shape(), i)];
+          ASSERT_EQ(g[static_cast<std::size_t>(i)], ref(x, y) ? 1 : 0)
+              << fmt::format("{} {} {} vs {} at {}: {}, {}", name, dtype, sa, sb, i, x, y);
+        }
+      }
+    }
+  }
+  // Broadcast shapes, the scalar forms and out=.
+  const Tensor x = device_tensor(device(), {1.0f, kNaN, -3.0f, 0.1f}, {2, 2});
+  EXPECT_EQ(ops::lt(x, ops::full({1, 2}, 0.0, device())).shape(), (Shape{2, 2}));
+  EXPECT_EQ(ops::gt(x, 0.0).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{1, 0, 0, 1}));
+  EXPECT_EQ(ops::eq(x, 0.1).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{0, 0, 0, 1}));
+  EXPECT_EQ(ops::ne(x, x).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{0, 1, 0, 0}));
+  Tensor out = Tensor::empty({2, 2}, DType::bool_, device());
+  ops::ge(x, x, out);
+  EXPECT_EQ(out.to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{1, 0, 1, 1}));
+  const Tensor i = ops::typecast(device_tensor(device(), {-2, 7}, {2}), DType::int32);
+  EXPECT_EQ(ops::le(i, 7.0).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{1, 1}));
+  EXPECT_RETRACE_ERROR((void)ops::lt(i, 2.5), invalid_argument,
+                       "lt: the scalar 2.5 is not a whole number in the range of int32");
+  EXPECT_RETRACE_ERROR((void)ops::lt(x, i), invalid_argument, "lt: a has dtype float32 but b has int32");
+  EXPECT_RETRACE_ERROR((void)ops::eq(x, ops::full({3}, 0.0, device())), invalid_argument,
+                       "eq: b of shape [3] does not broadcast with the others");
+  EXPECT_RETRACE_ERROR(ops::eq(x, x, Tensor::empty({2, 2}, DType::uint8, device())),
+                       invalid_argument, "eq: out must be bool [2, 2], got uint8 [2, 2]");
+}
+
+TEST_F(OpSelectTest, WhereMovesValuesUnchanged) {
+  const std::vector<std::tuple<Shape, Shape, Shape>> shapes{
+      {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, {{3, 1}, {1, 4}, {}}, {{4}, {2, 1, 4}, {1}},
+      {{0, 2}, {1, 2}, {2}}, {{1}, {5}, {1}}};
+  std::uint64_t salt = 100;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::int32, DType::uint8}) {
+    for (const auto& [sc, sa, sb] : shapes) {
+      std::vector<float> c = testing::random_floats(static_cast<std::size_t>(sc.numel()), ++salt);
+      for (float& v : c) v = v > 0 ? 1.0f : 0.0f;
+      auto a = values_with_specials(static_cast<std::size_t>(sa.numel()), ++salt);
+      auto b = values_with_specials(static_cast<std::size_t>(sb.numel()), ++salt);
+      if (!dtype_info(dtype).is_floating) {
+        for (float& x : a) x = std::isfinite(x) ? std::abs(std::round(x * 9)) : 4.0f;
+        for (float& x : b) x = std::isfinite(x) ? std::abs(std::round(x * 9)) : 5.0f;
+      }
+      const Tensor tc = ops::typecast(device_tensor(device(), c, sc), DType::bool_);
+      const Tensor ta = ops::typecast(device_tensor(device(), a, sa), dtype);
+      const Tensor tb = ops::typecast(device_tensor(device(), b, sb), dtype);
+      const Tensor got = ops::where(tc, ta, tb);
+      ASSERT_EQ(got.dtype(), dtype);
+      const auto gv = ops::typecast(got, DType::float32).to_vector<float>();
+      const auto av = ops::typecast(ta, DType::float32).to_vector<float>();
+      const auto bv = ops::typecast(tb, DType::float32).to_vector<float>();
+      for (std::int64_t k = 0; k < got.shape().numel(); ++k) {
+        const float want = c[source_index(sc, got.shape(), k)] != 0
+                               ? av[source_index(sa, got.shape(), k)]
+                               : bv[source_index(sb, got.shape(), k)];
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(gv[static_cast<std::size_t>(k)]),
+                  std::bit_cast<std::uint32_t>(want))
+            << fmt::format("{} {} {} {} at {}", dtype, sc, sa, sb, k);
+      }
+    }
+  }
+  const Tensor cond = ops::gt(device_tensor(device(), {1, -1, 2}, {3}), 0.0);
+  const Tensor a = device_tensor(device(), {1, 2, 3}, {3});
+  Tensor out = Tensor::empty({3}, DType::float32, device());
+  ops::where(cond, a, ops::neg(a), out);
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{1, -2, 3}));
+  EXPECT_RETRACE_ERROR((void)ops::where(a, a, a), invalid_argument,
+                       "where: cond must be a bool tensor (a comparison's result, or typecast to "
+                       "bool), got float32");
+  EXPECT_RETRACE_ERROR((void)ops::where(cond, a, ops::typecast(a, DType::bfloat16)),
+                       invalid_argument, "where: a has dtype float32 but b has bfloat16");
+  auto other = testing::open_test_device({DeviceId{1}});
+  EXPECT_RETRACE_ERROR((void)ops::where(cond, a, device_tensor(*other, {1, 2, 3}, {3})),
+                       invalid_argument, "where: cond is on");
+}
+
+TEST_F(OpSelectTest, MaskedFillAndBoolTypecasts) {
+  const Tensor scores = device_tensor(device(), {0.5f, 1.5f, -2.0f, 3.0f, 0.0f, 1.0f}, {2, 3});
+  const Tensor keep = ops::typecast(device_tensor(device(), {1, 1, 0}, {3}), DType::bool_);
+  const Tensor masked = ops::masked_fill(scores, ops::eq(keep, 0.0), -kInf);
+  EXPECT_EQ(masked.to_vector<float>(),
+            (std::vector<float>{0.5f, 1.5f, -kInf, 3.0f, 0.0f, -kInf}));
+  // A key-padding mask for attention: softmax gives the padded keys weight 0.
+  const std::vector<float> p = ops::softmax(masked).to_vector<float>();
+  EXPECT_EQ(p[2], 0.0f);
+  EXPECT_EQ(p[5], 0.0f);
+  EXPECT_RETRACE_ERROR((void)ops::masked_fill(scores, ops::full({4, 2, 3}, 1.0, device(), DType::bool_), 0.0),
+                       invalid_argument, "masked_fill: mask [4, 2, 3] must broadcast to a's shape [2, 3]");
+  EXPECT_RETRACE_ERROR((void)ops::masked_fill(ops::typecast(scores, DType::int32), keep, 0.5),
+                       invalid_argument, "masked_fill: the scalar 0.5 is not a whole number");
+  // Typecasts to bool: nonzero (NaN, -0 is zero) is true; back to float gives 0 and 1.
+  const Tensor special = device_tensor(device(), {0.0f, -0.0f, kNaN, 0.25f, -kInf}, {5});
+  const Tensor flags = ops::typecast(special, DType::bool_);
+  EXPECT_EQ(flags.to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(ops::typecast(flags, DType::float32).to_vector<float>(),
+            (std::vector<float>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(ops::full({2}, 7.0, device(), DType::bool_).to_vector<std::uint8_t>(),
+            (std::vector<std::uint8_t>{1, 1}));
+  EXPECT_EQ(dtype_name(DType::bool_), "bool");
+  EXPECT_RETRACE_ERROR((void)ops::add(flags, flags), invalid_argument, "add");
+  // Empty.
+  EXPECT_EQ(ops::masked_fill(ops::full({0, 3}, 1.0, device()), keep, 2.0).shape(), (Shape{0, 3}));
+}
+
+TEST_F(OpSelectTest, TracedEqualsEager) {
+  auto f = [](const Tensor& x, const Tensor& y) {
+    const Tensor m = ops::gt(x, y);
+    return ops::add(ops::where(m, x, y), ops::masked_fill(x, ops::le(x, 0.0), 0.0));
+  };
+  const Tensor x = device_tensor(device(), testing::random_floats(60, 7), {3, 20});
+  const Tensor y = device_tensor(device(), testing::random_floats(20, 8), {20});
+  auto tracer = make_tracer(f, device());
+  (void)tracer(x, y);
+  const Tensor x2 = device_tensor(device(), testing::random_floats(60, 9), {3, 20});
+  const std::vector<float> replayed = tracer(x2, y).to_vector<float>();
+  const std::vector<float> eager = f(x2, y).to_vector<float>();
+  ASSERT_EQ(replayed.size(), eager.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(replayed[i]), std::bit_cast<std::uint32_t>(eager[i]));
+  }
+  EXPECT_EQ(tracer.stats().replays, 1u);
+}
+
+}  // namespace
+}  // namespace retrace
