@@ -55,15 +55,9 @@ void random_kernel(const std::byte* raw) {
   const std::int64_t blocks = (p.count + 3) / 4;
   parallel_for(blocks, 1024, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t b = begin; b < end; ++b) {
-      const philox::Words words = philox::block_words(seed, offset, static_cast<std::uint64_t>(b));
       float v[4];
-      if constexpr (dist == RandomDist::normal) {
-        philox::normal_pair(words.w[0], words.w[1], v[0], v[1]);
-        philox::normal_pair(words.w[2], words.w[3], v[2], v[3]);
-      } else {
-        const int bits = std::is_same_v<T, float> ? 24 : 8;
-        for (int j = 0; j < 4; ++j) v[j] = philox::uniform(words.w[j], bits);
-      }
+      philox::block_values(seed, offset, static_cast<std::uint64_t>(b),
+                           dist == RandomDist::normal, std::is_same_v<T, float> ? 24 : 8, v);
       const std::int64_t first = 4 * b;
       const std::int64_t n = std::min<std::int64_t>(4, p.count - first);
       for (std::int64_t j = 0; j < n; ++j) Elem<T>::store(out, first + j, v[j]);

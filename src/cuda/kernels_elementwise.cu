@@ -86,15 +86,9 @@ __global__ void random_kernel(const FailureRecord* record, const std::uint32_t* 
   const std::uint64_t offset = state[2] | (static_cast<std::uint64_t>(state[3]) << 32);
   const std::int64_t blocks = (count + 3) / 4;
   RETRACE_GRID_STRIDE(b, blocks) {
-    const philox::Words words = philox::block_words(seed, offset, static_cast<std::uint64_t>(b));
     float v[4];
-    if constexpr (dist == RandomDist::normal) {
-      philox::normal_pair(words.w[0], words.w[1], v[0], v[1]);
-      philox::normal_pair(words.w[2], words.w[3], v[2], v[3]);
-    } else {
-      const int bits = std::is_same_v<T, float> ? 24 : 8;
-      for (int j = 0; j < 4; ++j) v[j] = philox::uniform(words.w[j], bits);
-    }
+    philox::block_values(seed, offset, static_cast<std::uint64_t>(b),
+                         dist == RandomDist::normal, std::is_same_v<T, float> ? 24 : 8, v);
     const std::int64_t first = 4 * b;
     const std::int64_t n = count - first < 4 ? count - first : 4;
     for (std::int64_t j = 0; j < n; ++j) Elem<T>::store(out, first + j, v[j]);

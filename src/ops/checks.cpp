@@ -67,6 +67,16 @@ std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view 
   return dim < 0 ? dim + r : dim;
 }
 
+std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out) {
+  const std::vector<std::int64_t> own = contiguous_strides(shape);
+  std::vector<std::int64_t> strides(out.size(), 0);
+  const std::size_t offset = out.size() - shape.rank();
+  for (std::size_t i = 0; i < shape.rank(); ++i) {
+    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : own[i];
+  }
+  return strides;
+}
+
 IterationSpace collapse(const std::vector<std::int64_t>& shape,
                         const std::vector<std::vector<std::int64_t>>& strides) {
   IterationSpace space;

@@ -33,6 +33,8 @@ namespace retrace::ops::detail {
 
 // Row-major strides (in elements) of a shape.
 std::vector<std::int64_t> contiguous_strides(const Shape& shape);
+// Strides of `shape` seen from a broadcast output `out` (numpy alignment; 0 where broadcast).
+std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out);
 
 // Resolves a possibly negative dimension index; throws naming the op.
 std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view op);

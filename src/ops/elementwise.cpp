@@ -15,17 +15,6 @@ constexpr std::initializer_list<DType> kArithmeticTypes = {DType::float32, DType
                                                            DType::int32, DType::uint32};
 constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
 
-// Broadcast strides of `shape` seen from an output of rank `rank` (0 where broadcast).
-std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out) {
-  const std::vector<std::int64_t> own = contiguous_strides(shape);
-  std::vector<std::int64_t> strides(out.size(), 0);
-  const std::size_t offset = out.size() - shape.rank();
-  for (std::size_t i = 0; i < shape.rank(); ++i) {
-    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : own[i];
-  }
-  return strides;
-}
-
 Shape broadcast_shape(const Tensor& a, const Tensor& b, std::string_view op) {
   const std::size_t rank = std::max(a.shape().rank(), b.shape().rank());
   std::vector<std::int64_t> out(rank);

@@ -34,16 +34,6 @@ Shape broadcast_of(std::initializer_list<std::pair<const Tensor*, std::string_vi
   return Shape(std::span<const std::int64_t>(out));
 }
 
-std::vector<std::int64_t> strides_in(const Shape& shape, const std::vector<std::int64_t>& out) {
-  const std::vector<std::int64_t> own = contiguous_strides(shape);
-  std::vector<std::int64_t> strides(out.size(), 0);
-  const std::size_t offset = out.size() - shape.rank();
-  for (std::size_t i = 0; i < shape.rank(); ++i) {
-    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : own[i];
-  }
-  return strides;
-}
-
 Device& same_device(std::initializer_list<std::pair<const Tensor*, std::string_view>> operands,
                     std::string_view op) {
   Device* device = nullptr;
@@ -84,7 +74,7 @@ void enqueue_compare(const char* op, CompareOp kind, const Tensor& a, const Tens
   params.dtype = a.dtype();
   params.op = kind;
   const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
-  fill_space(collapse(shape, {strides_in(a.shape(), shape), strides_in(b.shape(), shape)}),
+  fill_space(collapse(shape, {broadcast_strides(a.shape(), shape), broadcast_strides(b.shape(), shape)}),
              params.shape, {params.a_strides, params.b_strides}, params.rank, op);
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
   a.device()->enqueue(queue, make_launch(op, params, buffers));
@@ -123,8 +113,8 @@ void enqueue_where(const Tensor& cond, const Tensor& a, const Tensor& b, const T
   params.out = data_of(out);
   params.elem_size = static_cast<std::int32_t>(dtype_size(a.dtype()));
   const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
-  fill_space(collapse(shape, {strides_in(cond.shape(), shape), strides_in(a.shape(), shape),
-                              strides_in(b.shape(), shape)}),
+  fill_space(collapse(shape, {broadcast_strides(cond.shape(), shape), broadcast_strides(a.shape(), shape),
+                              broadcast_strides(b.shape(), shape)}),
              params.shape, {params.cond_strides, params.a_strides, params.b_strides},
              params.rank, "where");
   Buffer* buffers[] = {cond.buffer().get(), a.buffer().get(), b.buffer().get(),

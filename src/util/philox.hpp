@@ -70,4 +70,17 @@ RETRACE_PHILOX_FN void normal_pair(std::uint32_t w0, std::uint32_t w1, float& z0
   z1 = static_cast<float>(r * ::sin(angle));
 }
 
+// The 4 values of block `block` of a draw: normals (two Box-Muller pairs) or uniforms with
+// `bits` random bits each.
+RETRACE_PHILOX_FN void block_values(std::uint64_t seed, std::uint64_t offset, std::uint64_t block,
+                                    bool normal, int bits, float (&v)[4]) {
+  const Words words = block_words(seed, offset, block);
+  if (normal) {
+    normal_pair(words.w[0], words.w[1], v[0], v[1]);
+    normal_pair(words.w[2], words.w[3], v[2], v[3]);
+  } else {
+    for (int j = 0; j < 4; ++j) v[j] = uniform(words.w[j], bits);
+  }
+}
+
 }  // namespace retrace::philox
