@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace retrace::ops::detail {
@@ -35,6 +36,14 @@ IntegerRange integer_range(DType dtype) {
     case DType::bfloat16: break;
   }
   RETRACE_FAIL(invalid_argument, "{} is not an integer dtype", dtype);
+}
+
+void check_integer_scalar(DType dtype, double value, std::string_view op, std::string_view hint) {
+  if (dtype_info(dtype).is_floating) return;
+  const auto [lo, hi] = integer_range(dtype);
+  RETRACE_CHECK(std::trunc(value) == value && value >= lo && value <= hi, invalid_argument,
+                "{}: the scalar {} is not a whole number in the range of {} ([{}, {}]); {}", op,
+                value, dtype, lo, hi, hint);
 }
 
 void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view argument,

@@ -23,6 +23,9 @@ struct IntegerRange {
   double lo, hi;
 };
 IntegerRange integer_range(DType dtype);
+// A scalar operand of a tensor of `dtype`: for integer dtypes it must be a whole number in the
+// dtype's range (invalid_argument naming op and value, then `hint`); floating dtypes take any.
+void check_integer_scalar(DType dtype, double value, std::string_view op, std::string_view hint);
 
 }  // namespace retrace::ops::detail
 

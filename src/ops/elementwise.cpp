@@ -89,13 +89,7 @@ void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a, double b,
   Device& device = device_of(a, op, "a");
   check_dtype_in(a, op, "a", kArithmeticTypes);
   check_out(out, a, a.shape(), op);
-  if (a.dtype() == DType::int32 || a.dtype() == DType::uint32) {
-    const auto [lo, hi] = detail::integer_range(a.dtype());
-    RETRACE_CHECK(std::trunc(b) == b && b >= lo && b <= hi, invalid_argument,
-                  "{}: the scalar {} is not a whole number in the range of {} ([{}, {}]); "
-                  "typecast the tensor to float32 for fractional arithmetic",
-                  op, b, a.dtype(), lo, hi);
-  }
+  check_integer_scalar(a.dtype(), b, op, "typecast the tensor to float32 for fractional arithmetic");
   BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                             a.dtype(), kind, b};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};

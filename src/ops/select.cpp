@@ -3,7 +3,6 @@
 #include "retrace/ops.hpp"
 
 #include <algorithm>
-#include <cmath>
 
 namespace retrace::ops {
 
@@ -55,13 +54,7 @@ Device& same_device(std::initializer_list<std::pair<const Tensor*, std::string_v
 // A scalar operand as a one-element tensor of `like`'s dtype; for integer dtypes it must be a
 // whole number in range (a comparison with 2.5 would otherwise compare with 2).
 Tensor scalar_like(const Tensor& like, double value, std::string_view op) {
-  if (!dtype_info(like.dtype()).is_floating) {
-    const auto [lo, hi] = integer_range(like.dtype());
-    RETRACE_CHECK(std::trunc(value) == value && value >= lo && value <= hi, invalid_argument,
-                  "{}: the scalar {} is not a whole number in the range of {} ([{}, {}]); "
-                  "typecast the tensor to float32 first",
-                  op, value, like.dtype(), lo, hi);
-  }
+  check_integer_scalar(like.dtype(), value, op, "typecast the tensor to float32 first");
   return full({}, value, *like.device(), like.dtype());
 }
 
