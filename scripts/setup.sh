@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libfmt-dev libspdlog-dev libeigen3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3 python3-dev python3-venv
+  libopenmpi-dev openmpi-bin
 )
 # `setup.sh --bench` adds what `make bench` needs on top: gnuplot for the chart, libtorch for
 # the bench's libtorch mode.

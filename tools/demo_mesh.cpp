@@ -3,11 +3,18 @@
 // loop eager and traced on the mesh (one trace per member, the all-reduces inside), against
 // the same loop eager on one device. Exits 1 if the traced and eager mesh results differ in any
 // bit, or the members' replicas disagree.
+//
+// Started by mpirun with N ranks (`mpirun -np 2 retrace demo --mesh 2`), the mesh has one
+// member per rank (retrace::mpi); rank 0 runs the one-device reference and prints, every rank
+// exits with the same status.
 #include "demo_common.hpp"
 
 #include <retrace/mesh.hpp>
 #include <retrace/models/tensor_parallel_dit.hpp>
 #include "util/timing.hpp"
+#ifdef RETRACE_HAVE_MPI
+#include <retrace/mpi.hpp>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -54,7 +61,24 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
   const models::DiTConfig& c = model->config();
   DeviceOptions member_options = device_options_for(o);
   member_options.kernel_threads = 1;  // members side by side, each on a core of its own
-  auto mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
+  std::unique_ptr<MeshDevice> mesh;
+  bool lead = true;  // prints and runs the one-device reference
+#ifdef RETRACE_HAVE_MPI
+  if (mpi::launched()) {
+    mpi::init();
+    const auto ranks = static_cast<std::size_t>(mpi::world_size());
+    if (ranks > 1) {
+      RETRACE_CHECK(ranks == n, invalid_argument,
+                    "demo: --mesh {} under MPI needs {} ranks (one member per rank), but {} were "
+                    "started",
+                    n, n, ranks);
+      lead = mpi::world_rank() == 0;
+      if (!lead) (void)std::freopen("/dev/null", "w", stdout);
+      mesh = mpi::open_mesh("cpu", {n}, member_options, {}, device->id().value + 1);
+    }
+  }
+#endif
+  if (!mesh) mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
   const models::TensorParallelDiT split(*model, *mesh);
   const models::DdimSchedule schedule(o.steps);
   print_demo_header(o, d, c, label, fmt::format("{} and, for reference, {}", mesh->name(),
@@ -97,7 +121,7 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
     Progress one_bar("1 dev", o.steps);
     std::vector<double> one_ms;
     Tensor x = start.to_device(*device);
-    for (std::int64_t i = 0; i < o.steps; ++i) {
+    for (std::int64_t i = 0; i < (lead ? o.steps : 0); ++i) {
       const auto t0 = Clock::now();
       const auto k = static_cast<std::size_t>(i);
       x = model->sample_step(x, frequencies(k).to_device(*device), labels_one,
@@ -107,8 +131,12 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
       one_bar.tick(i + 1);
     }
     const std::vector<float> one_final = x.to_vector<float>();
-    one_bar.finish(fmt::format("median {:.2f} ms/step (eager, whole model on {})",
-                               median(one_ms), device->name()));
+    if (lead) {
+      one_bar.finish(fmt::format("median {:.2f} ms/step (eager, whole model on {})",
+                                 median(one_ms), device->name()));
+    } else {
+      one_ms.push_back(0.0);  // the lead rank's reference
+    }
 
     // The mesh, eager: every member dispatches its ops; the all-reduces meet on the queues.
     Progress eager_bar("eager", o.steps);
@@ -147,7 +175,7 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
           distribute(frequencies(k), *mesh, kReplicated), labels_mesh,
           distribute(coefficients(k), *mesh, kReplicated));
       const MeshTensor& slot = std::get<0>(tracer.inputs());
-      for (std::size_t m = 0; m < n; ++m) ops::copy(next.shard(m), slot.shard(m));
+      for (std::size_t m = 0; m < mesh->local_size(); ++m) ops::copy(next.shard(m), slot.shard(m));
       mesh->synchronize();
       (first ? capture_ms : traced_ms.emplace_back()) = timing::milliseconds_since(t0);
       traced_bar.tick(i + 1);
@@ -159,18 +187,19 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
     const MeshTensor& traced_x = std::get<0>(tracer.inputs());
     const std::vector<float> traced_final = traced_x.shard(0).to_vector<float>();
     bool replicas = true;
-    for (std::size_t m = 1; m < n; ++m) {
-      replicas = replicas && same_bits(traced_x.shard(m).to_vector<float>(), traced_final);
+    for (const Tensor& replica : gather_shards(traced_x)) {  // every member's, in every process
+      replicas = replicas && same_bits(replica.to_vector<float>(), traced_final);
     }
     std::size_t commands = 0, collectives = 0;
-    for (std::size_t m = 0; m < n; ++m) {
-      const TraceInfo info = mesh->member(m).trace_info(tracer.trace_ids()[m]);
+    const std::size_t local = mesh->local_size();
+    for (std::size_t m = 0; m < local; ++m) {
+      const TraceInfo info = mesh->local_member(m).trace_info(tracer.trace_ids()[m]);
       commands += info.commands;
       collectives += static_cast<std::size_t>(
           std::count(info.ops.begin(), info.ops.end(), std::string_view("all_reduce")));
     }
-    std::printf("  traces: one per member, %zu commands in all, %zu all-reduces each\n",
-                commands, collectives / n);
+    std::printf("  traces: one per member, %zu commands each, %zu all-reduces each\n",
+                commands / local, collectives / local);
     const bool identical = same_bits(traced_final, eager_final);
     const double difference = relative_difference(traced_final, one_final);
     std::printf("  final latents (%zu values): traced %s eager on the mesh%s; the %zu members' "
@@ -186,6 +215,7 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                        difference});
   }
 
+  ok = mesh->all_processes(ok);  // every rank exits with the same status
   std::printf("summary (%s):\n", mesh->name().c_str());
   for (const MeshResult& r : results) {
     const std::string key = fmt::format("{}x{}", r.size, r.size);

@@ -40,6 +40,11 @@
 //    fails at once, and the mesh must be opened again.
 // Members must run their queues on threads of their own (CPU devices in worker mode, the
 // default). Collectives between CUDA members are not built yet (an `unimplemented` error).
+//
+// Across processes and machines: retrace::mpi::open_mesh (retrace/mpi.hpp, target
+// retrace::mpi) opens a mesh with one member per MPI rank. Every process runs the same program
+// (SPMD); everything above holds, with MeshTensor::shards() and devices() being this
+// process' members, and gather_to_host / gather_shards collective across the processes.
 #pragma once
 
 #include "retrace/device.hpp"
@@ -81,18 +86,31 @@ class MeshDevice {
   // A mesh of these devices (in row-major order of `shape`; empty shape: 1-D of all of them).
   explicit MeshDevice(std::vector<std::unique_ptr<Device>> members,
                       std::vector<std::size_t> shape = {}, MeshOptions options = {});
+  // A mesh assembled by a transport (retrace::mpi::open_mesh).
+  explicit MeshDevice(std::shared_ptr<detail::MeshState> state);
   MeshDevice(const MeshDevice&) = delete;
   MeshDevice& operator=(const MeshDevice&) = delete;
   ~MeshDevice();  // closes
 
-  [[nodiscard]] std::size_t size() const noexcept;
+  [[nodiscard]] std::size_t size() const noexcept;  // every member, in every process
   [[nodiscard]] const std::vector<std::size_t>& shape() const noexcept;
+  // A mesh over several processes (retrace/mpi.hpp) has some of its members in this process:
+  // the ones that devices(), local_member() and a MeshTensor's shards() are about. A mesh in
+  // one process has all of them (local_index(i) == i).
+  [[nodiscard]] std::size_t local_size() const noexcept;
+  [[nodiscard]] std::size_t local_index(std::size_t i) const;  // mesh index of local member i
+  [[nodiscard]] Device& local_member(std::size_t i) const;
+  [[nodiscard]] bool spans_processes() const noexcept;
+  // True when `value` is true in every process of the mesh (a collective call across
+  // processes; `value` itself in one process): agree on an outcome, such as an exit status.
+  [[nodiscard]] bool all_processes(bool value);
   [[nodiscard]] std::size_t rank() const noexcept { return shape().size(); }  // mesh axes
+  // Member `index` of the mesh (invalid_argument if it runs in another process).
   [[nodiscard]] Device& member(std::size_t index) const;
   [[nodiscard]] Device& at(std::size_t row, std::size_t col) const;  // 2-D meshes
   // The mesh coordinates of a member (one per axis).
   [[nodiscard]] std::vector<std::size_t> coords(std::size_t index) const;
-  // The members, in order: what Tracer and the traced wrappers take.
+  // This process' members, in order: what Tracer and the traced wrappers take.
   [[nodiscard]] std::vector<Device*> devices() const;
   operator std::vector<Device*>() const { return devices(); }  // NOLINT: a list of devices
   // "mesh 2x2 [cpu:0, cpu:1, cpu:2, cpu:3]"
@@ -124,8 +142,9 @@ struct Placement {
   friend bool operator==(const Placement&, const Placement&) = default;
 };
 
-// One logical tensor over a mesh: a shard on every member (shard i on member i), and a
-// placement per mesh axis. Copies share the shards, as Tensor copies share storage.
+// One logical tensor over a mesh: a shard on every member, and a placement per mesh axis.
+// shards() are this process' shards (shard i on local_member(i): in a one-process mesh, every
+// member's, shard i on member i). Copies share the shards, as Tensor copies share storage.
 class MeshTensor {
  public:
   MeshTensor() = default;  // null
@@ -166,13 +185,21 @@ class MeshTensor {
 };
 
 // Splits or copies a tensor over the mesh (host tensors, or device tensors, read first). Sharded
-// dimensions must divide evenly by the axis' size; partial is not a placement of a value.
+// dimensions must divide evenly by the axis' size; partial is not a placement of a value. On a
+// mesh over several processes each process passes the same whole tensor and keeps its
+// members' pieces.
 [[nodiscard]] MeshTensor distribute(const Tensor& tensor, const MeshDevice& mesh,
                                     std::vector<Placement> placements,
                                     QueueId queue = kDefaultQueue);
 // The logical tensor on the host: shards concatenated, replicas taken from the first member,
-// partial values summed in member order (floats in float32, rounded once).
+// partial values summed in member order (floats in float32, rounded once). On a mesh over
+// several processes, every process calls it (it gathers the other processes' shards) and gets
+// the whole tensor.
 [[nodiscard]] Tensor gather_to_host(const MeshTensor& tensor, QueueId queue = kDefaultQueue);
+// Every member's shard on the host, in member order (collective across processes, as above):
+// to compare replicas, or to look at what each member holds.
+[[nodiscard]] std::vector<Tensor> gather_shards(const MeshTensor& tensor,
+                                                QueueId queue = kDefaultQueue);
 
 namespace detail {
 template <class T>
@@ -201,8 +228,9 @@ void require_mesh_open(const MeshState& mesh, std::string_view what);
 void check_same_mesh(const MeshTensor& first, const MeshTensor& other, std::string_view what);
 }  // namespace detail
 
-// Runs `fn` on every member: MeshTensor arguments are replaced by the member's shard, others
-// are passed as they are; fn returns the member's Tensor. The result has `placements`.
+// Runs `fn` on every member (in this process): MeshTensor arguments are replaced by the
+// member's shard, others are passed as they are; fn returns the member's Tensor. The result has
+// `placements`.
 template <class Fn, class... Args>
 [[nodiscard]] MeshTensor mesh_map(std::vector<Placement> placements, Fn&& fn,
                                   const Args&... args) {

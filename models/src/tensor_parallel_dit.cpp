@@ -42,6 +42,7 @@ TensorParallelDiT::TensorParallelDiT(const DiT& model, const MeshDevice& mesh)
       mesh_(&mesh),
       state_(mesh.state()),
       members_(mesh.size()),
+      local_(mesh.local_size()),
       mesh_name_(mesh.name()),
       file_positions_(model.fixed_resolution()) {
   const std::size_t n = mesh.size();
@@ -85,7 +86,7 @@ const Tensor& TensorParallelDiT::weight(const std::string& name, std::size_t mem
   RETRACE_CHECK(it != weights_.end(), invalid_argument,
                 "TensorParallelDiT: no weight named \"{}\"", name);
   RETRACE_CHECK(member < it->second.size(), invalid_argument,
-                "TensorParallelDiT: member {} is outside the mesh of {}", member,
+                "TensorParallelDiT: member {} is outside the {} members in this process", member,
                 it->second.size());
   return it->second[member];
 }
@@ -142,9 +143,9 @@ MeshTensor TensorParallelDiT::block(const MeshTensor& x, const MeshTensor& cond,
   auto w = [&](const char* rest, std::size_t k) -> const Tensor& {
     return weight(block_name(i, rest), k);
   };
-  std::vector<std::vector<Tensor>> mod(n);
+  std::vector<std::vector<Tensor>> mod(local_);
   // Attention over the member's heads, projected by its columns: partial sums.
-  const MeshTensor attn = ops::all_reduce(on_each(state_, members_, kPartial, [&](std::size_t k) {
+  const MeshTensor attn = ops::all_reduce(on_each(state_, local_, kPartial, [&](std::size_t k) {
     mod[k] = layers::block_modulation(
         [&](const std::string& name) -> const Tensor& { return weight(name, k); }, i,
         cond.shard(k));
@@ -154,16 +155,16 @@ MeshTensor TensorParallelDiT::block(const MeshTensor& x, const MeshTensor& cond,
                                             heads, d);
     return ops::linear(a, w("attn.proj.weight", k));
   }));
-  std::vector<Tensor> out(n);
+  std::vector<Tensor> out(local_);
   // The MLP over the member's slice of the hidden width: partial sums again.
-  const MeshTensor mlp = ops::all_reduce(on_each(state_, members_, kPartial, [&](std::size_t k) {
+  const MeshTensor mlp = ops::all_reduce(on_each(state_, local_, kPartial, [&](std::size_t k) {
     const Tensor a = ops::add(attn.shard(k), w("attn.proj.bias", k));
     out[k] = ops::add(x.shard(k), ops::mul(a, mod[k][2]));
     Tensor y = layers::modulate(ops::layer_norm(out[k], {}, {}, 1e-6), mod[k][3], mod[k][4]);
     y = ops::gelu_tanh(ops::linear(y, w("mlp.fc1.weight", k), w("mlp.fc1.bias", k)));
     return ops::linear(y, w("mlp.fc2.weight", k));
   }));
-  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, local_, kReplicated, [&](std::size_t k) {
     const Tensor m = ops::add(mlp.shard(k), w("mlp.fc2.bias", k));
     return ops::add(out[k], ops::mul(m, mod[k][5]));
   });
@@ -185,14 +186,14 @@ MeshTensor TensorParallelDiT::forward(const MeshTensor& latents, const MeshTenso
     return layers::WeightOf(
         [this, k](const std::string& name) -> const Tensor& { return weight(name, k); });
   };
-  MeshTensor x = on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  MeshTensor x = on_each(state_, local_, kReplicated, [&](std::size_t k) {
     return layers::embed_patches(c, weights_of(k), latents.shard(k), table.shard(k));
   });
-  const MeshTensor cond = on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  const MeshTensor cond = on_each(state_, local_, kReplicated, [&](std::size_t k) {
     return layers::conditioning(c, weights_of(k), t_frequencies.shard(k), labels.shard(k), batch);
   });
   for (std::int64_t i = 0; i < c.depth; ++i) x = block(x, cond, i);
-  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, local_, kReplicated, [&](std::size_t k) {
     return layers::final_layer(c, weights_of(k), x.shard(k), cond.shard(k), grid_h, grid_w);
   });
 }
@@ -203,11 +204,11 @@ MeshTensor TensorParallelDiT::guided_noise(const MeshTensor& latents,
   require_open();
   check_replicated(latents, "latents");
   layers::check_guidance(config_, latents.shape(), labels.shape(), cfg_scale);
-  const MeshTensor batch = on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  const MeshTensor batch = on_each(state_, local_, kReplicated, [&](std::size_t k) {
     return layers::guidance_batch(latents.shard(k), cfg_scale);
   });
   const MeshTensor out = forward(batch, t_frequencies, labels);
-  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, local_, kReplicated, [&](std::size_t k) {
     return layers::guided_from_output(config_, out.shard(k), latents.shape()[0], cfg_scale);
   });
 }
@@ -220,7 +221,7 @@ MeshTensor TensorParallelDiT::sample_step(const MeshTensor& latents,
   check_replicated(coefficients, "coefficients");
   layers::check_coefficients(coefficients.shape());
   const MeshTensor eps = guided_noise(latents, t_frequencies, labels, cfg_scale);
-  return on_each(state_, members_, kReplicated, [&](std::size_t k) {
+  return on_each(state_, local_, kReplicated, [&](std::size_t k) {
     return layers::ddim_update(latents.shard(k), eps.shard(k), coefficients.shard(k));
   });
 }

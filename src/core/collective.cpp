@@ -20,7 +20,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string_view op_name(CollectiveOp op) {
+std::string_view op_name(CollectiveOp op) noexcept { return collective_op_name(op); }
+
+}  // namespace
+
+std::string_view collective_op_name(CollectiveOp op) noexcept {
   switch (op) {
     case CollectiveOp::all_reduce: return "all_reduce";
     case CollectiveOp::all_gather: return "all_gather";
@@ -29,26 +33,56 @@ std::string_view op_name(CollectiveOp op) {
   return "collective";
 }
 
-}  // namespace
+std::string collective_disagreement(std::string_view me, const CollectiveParams& mine,
+                                    std::string_view them, const CollectiveParams& theirs) {
+  if (theirs.op == mine.op && theirs.dtype == mine.dtype && theirs.outer == mine.outer &&
+      theirs.chunk == mine.chunk) {
+    return {};
+  }
+  return fmt::format(
+      "the members disagree: {} runs {} of {}x{} {} elements, {} runs {} of {}x{} {} "
+      "elements (every member must run the same collectives in the same order)",
+      me, op_name(mine.op), mine.outer, mine.chunk, mine.dtype, them, op_name(theirs.op),
+      theirs.outer, theirs.chunk, theirs.dtype);
+}
 
-CollectiveGroup::CollectiveGroup(std::vector<std::string> members, std::string label,
-                                 std::chrono::milliseconds timeout)
-    : members_(std::move(members)),
-      label_(std::move(label)),
-      timeout_(timeout),
-      slots_(members_.size()),
-      joined_(std::make_unique<std::atomic<std::uint64_t>[]>(members_.size())) {
+void sum_in_rank_order(DType dtype, const void* const* srcs, std::size_t n, std::int64_t src_at,
+                       void* dst, std::int64_t dst_at, std::int64_t count) {
+  with_collective_dtype(dtype, [&]<class T>(T) {
+    using S = CollectiveSum<T>;
+    constexpr std::int64_t kBlock = 256;
+    typename S::acc acc[kBlock];
+    for (std::int64_t b = 0; b < count; b += kBlock) {
+      const std::int64_t len = std::min(kBlock, count - b);
+      for (std::int64_t j = 0; j < len; ++j) acc[j] = S::load(srcs[0], src_at + b + j);
+      for (std::size_t q = 1; q < n; ++q) {
+        for (std::int64_t j = 0; j < len; ++j) acc[j] += S::load(srcs[q], src_at + b + j);
+      }
+      for (std::int64_t j = 0; j < len; ++j) S::store(dst, dst_at + b + j, acc[j]);
+    }
+  });
+}
+
+CollectiveGroup::CollectiveGroup(std::vector<std::string> members, std::string label)
+    : members_(std::move(members)), label_(std::move(label)) {
   RETRACE_ASSERT(!members_.empty(), "a collective group has members");
 }
 
-std::uint64_t CollectiveGroup::publish(std::uint32_t rank, Slot slot) {
+SharedMemoryGroup::SharedMemoryGroup(std::vector<std::string> members, std::string label,
+                                     std::chrono::milliseconds timeout)
+    : CollectiveGroup(std::move(members), std::move(label)),
+      timeout_(timeout),
+      slots_(members_.size()),
+      joined_(std::make_unique<std::atomic<std::uint64_t>[]>(members_.size())) {}
+
+std::uint64_t SharedMemoryGroup::publish(std::uint32_t rank, Slot slot) {
   const std::uint64_t index = joined_[rank].fetch_add(1);
   std::lock_guard lock(mutex_);
   slots_[rank] = std::move(slot);
   return index;
 }
 
-void CollectiveGroup::break_group(std::string reason) noexcept {
+void SharedMemoryGroup::break_group(std::string reason) noexcept {
   {
     std::lock_guard lock(mutex_);
     if (broken_.load()) return;
@@ -58,11 +92,11 @@ void CollectiveGroup::break_group(std::string reason) noexcept {
   cv_.notify_all();
 }
 
-void CollectiveGroup::fail_broken() const {
+void SharedMemoryGroup::fail_broken() const {
   RETRACE_FAIL(device_error, "{} cannot run collectives any more: {}", label_, broken_reason_);
 }
 
-bool CollectiveGroup::arrive_and_wait(std::uint64_t target, std::uint32_t rank,
+bool SharedMemoryGroup::arrive_and_wait(std::uint64_t target, std::uint32_t rank,
                                       std::string_view op) {
   if (arrivals_.fetch_add(1) + 1 == target) {
     std::lock_guard lock(mutex_);  // pairs with the waiters' check under the lock
@@ -101,7 +135,7 @@ bool CollectiveGroup::arrive_and_wait(std::uint64_t target, std::uint32_t rank,
   return !broken_.load() || arrivals_.load() >= target;
 }
 
-std::string CollectiveGroup::check_slots(std::uint32_t rank) const {
+std::string SharedMemoryGroup::check_slots(std::uint32_t rank) const {
   for (std::size_t r = 0; r < slots_.size(); ++r) {
     if (slots_[r].params == nullptr) {
       return fmt::format("{} did not take part: its queue failed before it ({})", members_[r],
@@ -110,20 +144,13 @@ std::string CollectiveGroup::check_slots(std::uint32_t rank) const {
   }
   const CollectiveParams& mine = *slots_[rank].params;
   for (std::size_t r = 0; r < slots_.size(); ++r) {
-    const CollectiveParams& p = *slots_[r].params;
-    if (p.op != mine.op || p.dtype != mine.dtype || p.outer != mine.outer ||
-        p.chunk != mine.chunk) {
-      return fmt::format(
-          "the members disagree: {} runs {} of {}x{} {} elements, {} runs {} of {}x{} {} "
-          "elements (every member must run the same collectives in the same order)",
-          members_[rank], op_name(mine.op), mine.outer, mine.chunk, mine.dtype, members_[r],
-          op_name(p.op), p.outer, p.chunk, p.dtype);
-    }
+    std::string why = collective_disagreement(members_[rank], mine, members_[r], *slots_[r].params);
+    if (!why.empty()) return why;
   }
   return {};
 }
 
-void CollectiveGroup::run(const CollectiveParams& params) {
+void SharedMemoryGroup::run(const CollectiveParams& params) {
   const std::uint32_t rank = params.rank;
   RETRACE_ASSERT(rank < members_.size(), "collective rank in the group");
   if (broken_.load()) fail_broken();
@@ -137,7 +164,7 @@ void CollectiveGroup::run(const CollectiveParams& params) {
                 members_[rank], label_, why);
 }
 
-void CollectiveGroup::skip(const CollectiveParams& params, std::string_view reason) noexcept {
+void SharedMemoryGroup::skip(const CollectiveParams& params, std::string_view reason) noexcept {
   const std::uint32_t rank = params.rank;
   if (rank >= members_.size() || broken_.load()) return;
   try {
@@ -150,7 +177,7 @@ void CollectiveGroup::skip(const CollectiveParams& params, std::string_view reas
   }
 }
 
-void CollectiveGroup::compute(const CollectiveParams& params) const {
+void SharedMemoryGroup::compute(const CollectiveParams& params) const {
   const std::int64_t n = static_cast<std::int64_t>(members_.size());
   const std::int64_t rank = params.rank;
   // Every peer published its slot before its arrival at the first barrier, which this member
@@ -170,39 +197,31 @@ void CollectiveGroup::compute(const CollectiveParams& params) const {
       }
       return;
     }
-    case CollectiveOp::reduce_scatter:
-      with_collective_dtype(params.dtype, [&]<class T>(T) {
-        using S = CollectiveSum<T>;
-        for (std::int64_t o = 0; o < params.outer; ++o) {
-          const std::int64_t base = o * n * params.chunk + rank * params.chunk;
-          for (std::int64_t j = 0; j < params.chunk; ++j) {
-            typename S::acc acc = S::load(peer(0)->src, base + j);
-            for (std::int64_t q = 1; q < n; ++q) acc += S::load(peer(q)->src, base + j);
-            S::store(params.dst, o * params.chunk + j, acc);
-          }
-        }
-      });
+    case CollectiveOp::reduce_scatter: {
+      std::vector<const void*> srcs(static_cast<std::size_t>(n));
+      for (std::int64_t q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = peer(q)->src;
+      for (std::int64_t o = 0; o < params.outer; ++o) {
+        sum_in_rank_order(params.dtype, srcs.data(), srcs.size(),
+                          o * n * params.chunk + rank * params.chunk, params.dst,
+                          o * params.chunk, params.chunk);
+      }
       return;
+    }
     case CollectiveOp::all_reduce: {
-      // Each member sums its share of the elements and writes it to every member's output.
+      // Each member sums its share of the elements into its own output, then copies the share
+      // to every peer's output.
       const std::int64_t count = params.outer * params.chunk;
       const std::int64_t lo = count / n * rank + std::min(rank, count % n);
       const std::int64_t hi = lo + count / n + (rank < count % n ? 1 : 0);
-      with_collective_dtype(params.dtype, [&]<class T>(T) {
-        using S = CollectiveSum<T>;
-        constexpr std::int64_t kBlock = 256;
-        typename S::acc acc[kBlock];
-        for (std::int64_t b = lo; b < hi; b += kBlock) {
-          const std::int64_t len = std::min(kBlock, hi - b);
-          for (std::int64_t j = 0; j < len; ++j) acc[j] = S::load(peer(0)->src, b + j);
-          for (std::int64_t q = 1; q < n; ++q) {
-            for (std::int64_t j = 0; j < len; ++j) acc[j] += S::load(peer(q)->src, b + j);
-          }
-          for (std::int64_t q = 0; q < n; ++q) {
-            for (std::int64_t j = 0; j < len; ++j) S::store(peer(q)->dst, b + j, acc[j]);
-          }
-        }
-      });
+      std::vector<const void*> srcs(static_cast<std::size_t>(n));
+      for (std::int64_t q = 0; q < n; ++q) srcs[static_cast<std::size_t>(q)] = peer(q)->src;
+      sum_in_rank_order(params.dtype, srcs.data(), srcs.size(), lo, params.dst, lo, hi - lo);
+      const auto* mine = static_cast<const std::byte*>(params.dst) + lo * elem;
+      for (std::int64_t q = 0; q < n; ++q) {
+        if (q == rank) continue;
+        std::memcpy(static_cast<std::byte*>(peer(q)->dst) + lo * elem, mine,
+                    static_cast<std::size_t>((hi - lo) * elem));
+      }
       return;
     }
   }

@@ -1,5 +1,6 @@
-// CollectiveGroup: the rendezvous of one group of mesh members (a mesh axis of a MeshDevice) for
-// the collectives they run on host-visible memory (CPU devices in one process).
+// CollectiveGroup: the rendezvous of one group of mesh members (a mesh axis of a MeshDevice).
+// SharedMemoryGroup is the transport for the collectives they run on host-visible memory (CPU
+// devices in one process); the MPI transport (retrace/mpi.hpp) is another.
 //
 // Each member's queue runs its part of a collective (a `collective` command, eager or replayed)
 // on its own thread. The group pairs the members' calls by order: the c-th collective a member
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -87,13 +89,29 @@ decltype(auto) with_collective_dtype(DType dtype, F&& f) {
 }
 
 
+// Sums `n` equal-length rows in rank order: dst[dst_at + j] = srcs[0][src_at + j] + ... +
+// srcs[n-1][src_at + j] for j < count (floats in float32, rounded once; integers wrap). Every
+// transport sums with it, so a collective gives the same bits in one process or across many.
+void sum_in_rank_order(DType dtype, const void* const* srcs, std::size_t n, std::int64_t src_at,
+                       void* dst, std::int64_t dst_at, std::int64_t count);
+// Why the members' collectives cannot be paired (they run different ops, dtypes or sizes), or
+// "" when `mine` and `theirs` agree.
+[[nodiscard]] std::string collective_disagreement(std::string_view me, const CollectiveParams& mine,
+                                                  std::string_view them,
+                                                  const CollectiveParams& theirs);
+[[nodiscard]] std::string_view collective_op_name(CollectiveOp op) noexcept;
+
+// One group of mesh members that run collectives together (the members along one line of a
+// mesh axis). The transport (shared memory in one process, MPI across processes) is the
+// subclass'; the contract is the same: the c-th collective a member runs meets the c-th of
+// every peer; a failure on one member fails the collective on all, naming it.
 class CollectiveGroup {
  public:
   // `members` in rank order; `label` names the group in errors ("mesh axis 0 [cpu:0, cpu:1]").
-  CollectiveGroup(std::vector<std::string> members, std::string label,
-                  std::chrono::milliseconds timeout);
+  CollectiveGroup(std::vector<std::string> members, std::string label);
   CollectiveGroup(const CollectiveGroup&) = delete;
   CollectiveGroup& operator=(const CollectiveGroup&) = delete;
+  virtual ~CollectiveGroup() = default;
 
   [[nodiscard]] std::size_t size() const noexcept { return members_.size(); }
   [[nodiscard]] const std::string& label() const noexcept { return label_; }
@@ -102,12 +120,28 @@ class CollectiveGroup {
   // This member's part of the collective (called on the member's queue thread). Throws
   // device_error when a peer failed before it, the members disagree on the operation, or the
   // group is broken.
-  void run(const CollectiveParams& params);
+  virtual void run(const CollectiveParams& params) = 0;
   // Takes part without running: this member's queue failed earlier (reason says how).
-  void skip(const CollectiveParams& params, std::string_view reason) noexcept;
+  virtual void skip(const CollectiveParams& params, std::string_view reason) noexcept = 0;
   // Breaks the group: every collective waiting or still to come fails with `reason`.
-  void break_group(std::string reason) noexcept;
-  [[nodiscard]] bool broken() const noexcept { return broken_.load(); }
+  virtual void break_group(std::string reason) noexcept = 0;
+  [[nodiscard]] virtual bool broken() const noexcept = 0;
+
+ protected:
+  std::vector<std::string> members_;
+  std::string label_;
+};
+
+// Members in one process, on host-visible memory (CPU devices): they meet in shared memory.
+class SharedMemoryGroup final : public CollectiveGroup {
+ public:
+  SharedMemoryGroup(std::vector<std::string> members, std::string label,
+                    std::chrono::milliseconds timeout);
+
+  void run(const CollectiveParams& params) override;
+  void skip(const CollectiveParams& params, std::string_view reason) noexcept override;
+  void break_group(std::string reason) noexcept override;
+  [[nodiscard]] bool broken() const noexcept override { return broken_.load(); }
 
  private:
   struct Slot {
@@ -124,8 +158,6 @@ class CollectiveGroup {
   void compute(const CollectiveParams& params) const;
   [[noreturn]] void fail_broken() const;
 
-  std::vector<std::string> members_;
-  std::string label_;
   std::chrono::milliseconds timeout_;
 
   mutable std::mutex mutex_;

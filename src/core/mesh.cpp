@@ -2,6 +2,7 @@
 #include "retrace/mesh.hpp"
 
 #include "core/collective.hpp"
+#include "core/mesh_state.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/error.hpp"
 #include "retrace/registry.hpp"
@@ -16,44 +17,6 @@
 namespace retrace {
 
 namespace detail {
-
-struct MeshState {
-  std::vector<std::unique_ptr<Device>> members;  // emptied when the mesh closes
-  std::vector<std::shared_ptr<DeviceLink>> links;
-  std::vector<std::string> member_names;
-  std::vector<std::size_t> shape;
-  std::string name;
-  MeshOptions options;
-  // groups[axis][g]: the members that share every coordinate but `axis`, in order along it.
-  std::vector<std::vector<std::unique_ptr<CollectiveGroup>>> groups;
-  std::atomic<bool> closed{false};
-
-  [[nodiscard]] std::vector<std::size_t> coords(std::size_t index) const {
-    std::vector<std::size_t> c(shape.size());
-    for (std::size_t a = shape.size(); a-- > 0;) {
-      c[a] = index % shape[a];
-      index /= shape[a];
-    }
-    return c;
-  }
-  // Which line of members along `axis` a member is on (its coordinates but the axis').
-  [[nodiscard]] std::size_t line_of(const std::vector<std::size_t>& c, std::size_t axis) const {
-    std::size_t g = 0;
-    for (std::size_t a = 0; a < shape.size(); ++a) {
-      if (a != axis) g = g * shape[a] + c[a];
-    }
-    return g;
-  }
-  // The group of a member along an axis, and the member's rank in it.
-  [[nodiscard]] std::pair<CollectiveGroup*, std::uint32_t> group_of(std::size_t member,
-                                                                    std::size_t axis) const {
-    const std::vector<std::size_t> c = coords(member);
-    return {groups[axis][line_of(c, axis)].get(), static_cast<std::uint32_t>(c[axis])};
-  }
-  void require_open(std::string_view what) const {
-    RETRACE_CHECK(!closed.load(), failed_precondition, "{}: {} was closed", what, name);
-  }
-};
 
 const MeshTensor* first_mesh_tensor() noexcept { return nullptr; }
 
@@ -208,39 +171,53 @@ std::unique_ptr<MeshDevice> MeshDevice::open(std::string_view backend,
   return std::make_unique<MeshDevice>(std::move(members), std::move(shape), options);
 }
 
-MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
-                       std::vector<std::size_t> shape, MeshOptions options)
-    : state_(std::make_shared<MeshState>()) {
-  RETRACE_CHECK(!members.empty(), invalid_argument, "MeshDevice: a mesh needs members");
-  if (shape.empty()) shape = {members.size()};
+namespace detail {
+
+MeshState::~MeshState() {
+  groups.clear();  // before the processes: an MPI group's communicator is freed first
+  if (processes) processes->close();
+}
+
+std::shared_ptr<MeshState> make_mesh_state(std::vector<std::unique_ptr<Device>> members,
+                                           std::vector<std::size_t> local,
+                                           std::vector<std::string> member_names,
+                                           std::vector<std::size_t> shape, MeshOptions options,
+                                           const GroupFactory& groups,
+                                           std::unique_ptr<MeshProcesses> processes,
+                                           std::string_view prefix) {
+  RETRACE_CHECK(!member_names.empty(), invalid_argument, "MeshDevice: a mesh needs members");
+  if (shape.empty()) shape = {member_names.size()};
   RETRACE_CHECK(shape.size() <= 2, invalid_argument, "MeshDevice: a mesh has 1 or 2 axes, got {}",
                 shape.size());
   std::size_t count = 1;
   for (std::size_t e : shape) count *= e;
-  RETRACE_CHECK(count == members.size(), invalid_argument,
+  RETRACE_CHECK(count == member_names.size(), invalid_argument,
                 "MeshDevice: shape {} holds {} members, but {} were given", shape_name(shape),
-                count, members.size());
+                count, member_names.size());
   RETRACE_CHECK(options.collective_timeout.count() > 0, invalid_argument,
                 "MeshDevice: collective_timeout must be positive");
-  MeshState& s = *state_;
+  RETRACE_ASSERT(local.size() == members.size(), "one mesh index per local member");
+  auto state = std::make_shared<MeshState>();
+  MeshState& s = *state;
   std::vector<std::uint64_t> uids;
   for (std::size_t i = 0; i < members.size(); ++i) {
     RETRACE_CHECK(members[i] != nullptr && !members[i]->is_closed(), invalid_argument,
-                  "MeshDevice: member {} is {}", i, members[i] ? "closed" : "null");
+                  "MeshDevice: member {} is {}", local[i], members[i] ? "closed" : "null");
     RETRACE_CHECK(members[i]->supports(Capability::async_queues), invalid_argument,
                   "MeshDevice: member {} ({}) runs its queues on the calling thread; mesh "
                   "members need queues of their own (CPU devices: ExecutionMode::worker)",
-                  i, members[i]->name());
+                  local[i], members[i]->name());
     RETRACE_CHECK(std::find(uids.begin(), uids.end(), members[i]->uid()) == uids.end(),
                   invalid_argument, "MeshDevice: {} is given twice", members[i]->name());
     uids.push_back(members[i]->uid());
     s.links.push_back(members[i]->link());
-    s.member_names.push_back(members[i]->name());
   }
+  s.local = std::move(local);
+  s.member_names = std::move(member_names);
   s.shape = std::move(shape);
   s.options = options;
-  s.name = fmt::format("mesh {} [{}]", shape_name(s.shape), fmt::join(s.member_names, ", "));
-  // One collective group per line of members along each axis.
+  s.name = fmt::format("{} {} [{}]", prefix, shape_name(s.shape), fmt::join(s.member_names, ", "));
+  // One collective group per line of members along each axis (lines with a member here).
   s.groups.resize(s.shape.size());
   for (std::size_t axis = 0; axis < s.shape.size(); ++axis) {
     const std::size_t lines = count / s.shape[axis];
@@ -248,18 +225,60 @@ MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
     for (std::size_t i = 0; i < count; ++i) {
       names[s.line_of(s.coords(i), axis)].push_back(s.member_names[i]);  // in order along it
     }
+    std::vector<char> here(lines, 0);
+    for (std::size_t i : s.local) here[s.line_of(s.coords(i), axis)] = 1;
+    s.groups[axis].resize(lines);
     for (std::size_t g = 0; g < lines; ++g) {
+      if (!here[g]) continue;
       std::string label = fmt::format("mesh axis {} [{}]", axis, fmt::join(names[g], ", "));
-      s.groups[axis].push_back(std::make_unique<detail::CollectiveGroup>(
-          std::move(names[g]), std::move(label), options.collective_timeout));
+      s.groups[axis][g] = groups(axis, g, std::move(names[g]), std::move(label));
     }
   }
+  s.processes = std::move(processes);
   s.members = std::move(members);
+  return state;
+}
+
+}  // namespace detail
+
+MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
+                       std::vector<std::size_t> shape, MeshOptions options) {
+  std::vector<std::size_t> local(members.size());
+  std::iota(local.begin(), local.end(), std::size_t{0});
+  std::vector<std::string> names;
+  for (const auto& m : members) names.push_back(m ? m->name() : std::string("null"));
+  const auto timeout = options.collective_timeout;
+  state_ = detail::make_mesh_state(
+      std::move(members), std::move(local), std::move(names), std::move(shape), options,
+      [timeout](std::size_t, std::size_t, std::vector<std::string> group_names, std::string label) {
+        return std::make_unique<detail::SharedMemoryGroup>(std::move(group_names), std::move(label),
+                                                           timeout);
+      },
+      nullptr);
+}
+
+MeshDevice::MeshDevice(std::shared_ptr<detail::MeshState> state) : state_(std::move(state)) {
+  RETRACE_CHECK(state_ != nullptr, invalid_argument, "MeshDevice: no mesh state");
 }
 
 MeshDevice::~MeshDevice() { close(); }
 
-std::size_t MeshDevice::size() const noexcept { return state_->links.size(); }
+std::size_t MeshDevice::size() const noexcept { return state_->size(); }
+std::size_t MeshDevice::local_size() const noexcept { return state_->links.size(); }
+bool MeshDevice::spans_processes() const noexcept { return state_->processes != nullptr; }
+
+std::size_t MeshDevice::local_index(std::size_t i) const {
+  RETRACE_CHECK(i < local_size(), invalid_argument,
+                "MeshDevice::local_index: {} has {} members in this process, not {}", name(),
+                local_size(), i + 1);
+  return state_->local[i];
+}
+
+Device& MeshDevice::local_member(std::size_t i) const {
+  state_->require_open("MeshDevice::local_member");
+  (void)local_index(i);  // checks i
+  return *state_->members[i];
+}
 const std::vector<std::size_t>& MeshDevice::shape() const noexcept { return state_->shape; }
 const std::string& MeshDevice::name() const noexcept { return state_->name; }
 bool MeshDevice::is_closed() const noexcept { return state_->closed.load(); }
@@ -268,7 +287,11 @@ Device& MeshDevice::member(std::size_t index) const {
   state_->require_open("MeshDevice::member");
   RETRACE_CHECK(index < size(), invalid_argument, "MeshDevice::member: {} has {} members, not {}",
                 name(), size(), index + 1);
-  return *state_->members[index];
+  const auto at = std::find(state_->local.begin(), state_->local.end(), index);
+  RETRACE_CHECK(at != state_->local.end(), invalid_argument,
+                "MeshDevice::member: member {} ({}) of {} runs in another process",
+                index, state_->member_names[index], name());
+  return *state_->members[static_cast<std::size_t>(at - state_->local.begin())];
 }
 
 Device& MeshDevice::at(std::size_t row, std::size_t col) const {
@@ -296,11 +319,18 @@ void MeshDevice::synchronize() {
   for (const auto& m : state_->members) m->synchronize();
 }
 
+bool MeshDevice::all_processes(bool value) {
+  state_->require_open("MeshDevice::all_processes");
+  return state_->processes ? state_->processes->all_true(value) : value;
+}
+
 void MeshDevice::close() noexcept {
   if (state_->closed.exchange(true)) return;
   // Collectives still waiting for a peer would keep a member's close waiting: fail them.
   for (auto& axis : state_->groups) {
-    for (auto& group : axis) group->break_group(fmt::format("{} was closed", state_->name));
+    for (auto& group : axis) {
+      if (group) group->break_group(fmt::format("{} was closed", state_->name));
+    }
   }
   for (auto& m : state_->members) m->close();
   state_->members.clear();
@@ -318,15 +348,16 @@ MeshTensor MeshTensor::from_shards(std::vector<Tensor> shards,
   RETRACE_CHECK(mesh != nullptr, invalid_argument, "MeshTensor: no mesh");
   mesh->require_open("MeshTensor");
   RETRACE_CHECK(shards.size() == mesh->links.size(), invalid_argument,
-                "MeshTensor: {} shards for {} ({} members)", shards.size(), mesh->name,
-                mesh->links.size());
+                "MeshTensor: {} shards for {} ({} members{})", shards.size(), mesh->name,
+                mesh->links.size(), mesh->processes ? " in this process" : "");
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const Tensor& t = shards[i];
     RETRACE_CHECK(t.on_device(), invalid_argument, "MeshTensor: shard {} is {}", i,
                   t.is_null() ? "a null tensor" : "a host tensor");
     RETRACE_CHECK(t.buffer()->link().uid == mesh->links[i]->uid, invalid_argument,
                   "MeshTensor: shard {} is on {}, but member {} of {} is {}", i,
-                  t.buffer()->link().name, i, mesh->name, mesh->member_names[i]);
+                  t.buffer()->link().name, mesh->local[i], mesh->name,
+                  mesh->member_names[mesh->local[i]]);
     RETRACE_CHECK(t.shape() == shards[0].shape() && t.dtype() == shards[0].dtype() &&
                       t.layout() == shards[0].layout(),
                   invalid_argument, "MeshTensor: shard {} is {} {} {}, but shard 0 is {} {} {}", i,
@@ -401,17 +432,44 @@ MeshTensor distribute(const Tensor& tensor, const MeshDevice& mesh,
   const auto full = tensor.shape().dims();
   std::vector<Tensor> shards;
   std::vector<std::int64_t> off, len;
-  for (std::size_t i = 0; i < mesh.size(); ++i) {
+  for (std::size_t i = 0; i < s.local.size(); ++i) {
     Tensor part = Tensor::empty_host(shard_shape, tensor.dtype());
-    member_box(s, i, placements, shard_shape, off, len);
+    member_box(s, s.local[i], placements, shard_shape, off, len);
     const std::byte* src = host.host_bytes().data();
     std::byte* dst = part.host_bytes_mutable().data();
     for_each_box_row(full, off, len, [&](std::int64_t box, std::int64_t at, std::int64_t n) {
       std::memcpy(dst + box * elem, src + at * elem, static_cast<std::size_t>(n * elem));
     });
-    shards.push_back(part.to_device(mesh.member(i), queue));
+    shards.push_back(part.to_device(mesh.local_member(i), queue));
   }
   return MeshTensor::from_shards(std::move(shards), mesh.state(), std::move(placements));
+}
+
+std::vector<Tensor> gather_shards(const MeshTensor& tensor, QueueId queue) {
+  RETRACE_CHECK(!tensor.is_null(), invalid_argument, "gather_shards: the mesh tensor is null");
+  const MeshState& s = *tensor.mesh();
+  s.require_open("gather_shards");
+  std::vector<Tensor> local;
+  for (const Tensor& shard : tensor.shards()) local.push_back(shard.to_host(queue));
+  if (!s.processes) return local;
+  // Across processes: every member's bytes, in member order.
+  const Shape& shape = local.front().shape();
+  const DType dtype = local.front().dtype();
+  const std::size_t bytes = local.front().host_bytes().size();
+  std::vector<std::byte> mine;
+  mine.reserve(bytes * local.size());
+  for (const Tensor& t : local) {
+    const auto b = t.host_bytes();
+    mine.insert(mine.end(), b.begin(), b.end());
+  }
+  const std::vector<std::byte> all = s.processes->all_gather_members(mine, bytes);
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    Tensor part = Tensor::empty_host(shape, dtype);
+    if (bytes > 0) std::memcpy(part.host_bytes_mutable().data(), all.data() + i * bytes, bytes);
+    out.push_back(std::move(part));
+  }
+  return out;
 }
 
 Tensor gather_to_host(const MeshTensor& tensor, QueueId queue) {
@@ -425,25 +483,25 @@ Tensor gather_to_host(const MeshTensor& tensor, QueueId queue) {
   const DType dtype = first.dtype();
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   Tensor out = Tensor::empty_host(tensor.shape(), dtype);
-  const bool partial = std::any_of(placements.begin(), placements.end(), [](const Placement& p) {
-    return p.kind == Placement::Kind::partial;
-  });
+  const std::vector<Tensor> parts = gather_shards(tensor, queue);
   const auto full = tensor.shape().dims();
   std::vector<std::int64_t> off, len;
   // The members that hold values: the first along every replicated axis, all along the others.
   const auto each_holder = [&](auto&& f) {
-    for (std::size_t i = 0; i < tensor.shards().size(); ++i) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
       const std::vector<std::size_t> c = s.coords(i);
       bool take = true;
       for (std::size_t a = 0; a < placements.size(); ++a) {
         if (placements[a].kind == Placement::Kind::replicated && c[a] != 0) take = false;
       }
       if (!take) continue;
-      const Tensor part = tensor.shard(i).to_host(queue);
-      member_box(s, i, placements, part.shape(), off, len);
-      f(part.host_bytes().data());
+      member_box(s, i, placements, parts[i].shape(), off, len);
+      f(parts[i].host_bytes().data());
     }
   };
+  const bool partial = std::any_of(placements.begin(), placements.end(), [](const Placement& p) {
+    return p.kind == Placement::Kind::partial;
+  });
   if (!partial) {
     std::byte* dst = out.host_bytes_mutable().data();
     each_holder([&](const std::byte* src) {
@@ -566,7 +624,7 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
   }
   if (outer * chunk > 0) {
     for (std::size_t i = 0; i < count; ++i) {
-      const auto [group, rank] = s.group_of(i, axis);
+      const auto [group, rank] = s.group_of(s.local[i], axis);
       CollectiveParams params{group,  x.shard(i).buffer()->data(), out[i].buffer()->data(),
                               outer,  chunk,  first.dtype(), op, rank};
       Buffer* buffers[] = {x.shard(i).buffer().get(), out[i].buffer().get()};
@@ -575,7 +633,7 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
       } catch (const Error& e) {
         // The members enqueued before would wait for this one forever: fail their groups.
         for (auto& g : s.groups[axis]) {
-          g->break_group(fmt::format("{} could not be enqueued on {}: {}", name,
+          if (g) g->break_group(fmt::format("{} could not be enqueued on {}: {}", name,
                                      devices[i]->name(), e.message()));
         }
         throw;

@@ -43,7 +43,8 @@ class TensorParallelDiT {
 
   [[nodiscard]] const DiTConfig& config() const noexcept { return config_; }
   [[nodiscard]] std::size_t members() const noexcept { return members_; }
-  // Member `member`'s tensor of weight `name` (its slice for the split weights).
+  // Member `member`'s tensor of weight `name` (its slice for the split weights); on a mesh over
+  // several processes, `member` counts this process' members (MeshDevice::local_member).
   [[nodiscard]] const Tensor& weight(const std::string& name, std::size_t member) const;
 
   // As DiT's, with replicated mesh tensors in and out.
@@ -68,7 +69,8 @@ class TensorParallelDiT {
   DiTConfig config_;
   const MeshDevice* mesh_;  // used only while state_ says it is open
   std::shared_ptr<detail::MeshState> state_;
-  std::size_t members_;
+  std::size_t members_;  // in the mesh
+  std::size_t local_;    // in this process
   std::string mesh_name_;
   bool file_positions_;
   std::map<std::string, std::vector<Tensor>> weights_;  // name -> one tensor per member

@@ -1,0 +1,97 @@
+// MeshState: what a MeshDevice, its MeshTensors and its collectives share. Internal: the mesh
+// transports (shared memory here, MPI in retrace::mpi) build it through make_mesh_state.
+#pragma once
+
+#include "core/collective.hpp"
+#include "retrace/device.hpp"
+#include "retrace/error.hpp"
+#include "retrace/mesh.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace retrace::detail {
+
+// The processes a mesh spans, when it spans more than this one (MPI). Every call is collective:
+// every process of the mesh makes it, in the same order, from the thread that uses the mesh.
+class MeshProcesses {
+ public:
+  virtual ~MeshProcesses() = default;
+  // Every member's `bytes` bytes in member order, given this process' members' bytes (its
+  // members in order, each `bytes` long).
+  [[nodiscard]] virtual std::vector<std::byte> all_gather_members(std::span<const std::byte> local,
+                                                                  std::size_t bytes) = 0;
+  // True on every process when `value` is true on every process.
+  [[nodiscard]] virtual bool all_true(bool value) = 0;
+  // "process 1 of 2": how this process is named in messages.
+  [[nodiscard]] virtual std::string describe() const = 0;
+  virtual void close() noexcept {}
+};
+
+struct MeshState {
+  std::vector<std::unique_ptr<Device>> members;  // this process' members; emptied on close
+  std::vector<std::shared_ptr<DeviceLink>> links;  // this process' members
+  std::vector<std::size_t> local;                  // the mesh index of each of them
+  std::vector<std::string> member_names;           // every member of the mesh, in order
+  std::vector<std::size_t> shape;
+  std::string name;
+  MeshOptions options;
+  // groups[axis][g]: the members that share every coordinate but `axis`, in order along it
+  // (null for a line without a member in this process).
+  std::vector<std::vector<std::unique_ptr<CollectiveGroup>>> groups;
+  std::unique_ptr<MeshProcesses> processes;  // null: the whole mesh is in this process
+  std::atomic<bool> closed{false};
+
+  MeshState() = default;
+  MeshState(const MeshState&) = delete;
+  MeshState& operator=(const MeshState&) = delete;
+  ~MeshState();
+
+  [[nodiscard]] std::size_t size() const noexcept { return member_names.size(); }
+  [[nodiscard]] std::vector<std::size_t> coords(std::size_t index) const {
+    std::vector<std::size_t> c(shape.size());
+    for (std::size_t a = shape.size(); a-- > 0;) {
+      c[a] = index % shape[a];
+      index /= shape[a];
+    }
+    return c;
+  }
+  // Which line of members along `axis` a member is on (its coordinates but the axis').
+  [[nodiscard]] std::size_t line_of(const std::vector<std::size_t>& c, std::size_t axis) const {
+    std::size_t g = 0;
+    for (std::size_t a = 0; a < shape.size(); ++a) {
+      if (a != axis) g = g * shape[a] + c[a];
+    }
+    return g;
+  }
+  // The group of a member along an axis, and the member's rank in it.
+  [[nodiscard]] std::pair<CollectiveGroup*, std::uint32_t> group_of(std::size_t member,
+                                                                    std::size_t axis) const {
+    const std::vector<std::size_t> c = coords(member);
+    return {groups[axis][line_of(c, axis)].get(), static_cast<std::uint32_t>(c[axis])};
+  }
+  void require_open(std::string_view what) const {
+    RETRACE_CHECK(!closed.load(), failed_precondition, "{}: {} was closed", what, name);
+  }
+};
+
+// Makes a group for one line of a mesh axis: (axis, line, member names along it, label).
+using GroupFactory = std::function<std::unique_ptr<CollectiveGroup>(
+    std::size_t axis, std::size_t line, std::vector<std::string> names, std::string label)>;
+
+// Checks and assembles a mesh: `members` are this process' devices, at mesh indices `local`
+// (ascending); `member_names` names every member of the mesh; `groups` makes the collective
+// group of each line with a member here. `prefix` starts the mesh's name ("mesh", "mpi mesh").
+[[nodiscard]] std::shared_ptr<MeshState> make_mesh_state(
+    std::vector<std::unique_ptr<Device>> members, std::vector<std::size_t> local,
+    std::vector<std::string> member_names, std::vector<std::size_t> shape, MeshOptions options,
+    const GroupFactory& groups, std::unique_ptr<MeshProcesses> processes,
+    std::string_view prefix = "mesh");
+
+}  // namespace retrace::detail
