@@ -17,10 +17,15 @@
 namespace retrace::cli {
 
 // A progress bar on a terminal; nothing in between when stdout is a pipe or a file.
+// Off: progress bars are not drawn (only each bar's summary line is printed).
+inline bool progress_bars = true;
+
 class Progress {
  public:
   Progress(std::string label, std::int64_t total)
-      : label_(std::move(label)), total_(total), tty_(isatty(fileno(stdout)) != 0) {}
+      : label_(std::move(label)),
+        total_(total),
+        tty_(progress_bars && isatty(fileno(stdout)) != 0) {}
   void tick(std::int64_t done) {
     if (!tty_) return;
     constexpr int kWidth = 24;

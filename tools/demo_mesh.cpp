@@ -56,13 +56,8 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                 o.device);
   RETRACE_CHECK(d.sampler == "ddim", invalid_argument,
                 "demo: --mesh runs the DDIM sampler only, not --sampler {}", d.sampler);
-  // The whole model on one device: the reference.
-  auto [device, model, batch, label] = load_demo_model(o, d);
-  const models::DiTConfig& c = model->config();
-  DeviceOptions member_options = device_options_for(o);
-  member_options.kernel_threads = 1;  // members side by side, each on a core of its own
-  std::unique_ptr<MeshDevice> mesh;
-  bool lead = true;  // prints and runs the one-device reference
+  // Under mpirun: one member per rank; rank 0 leads (prints, runs the reference).
+  bool across = false, lead = true;
 #ifdef RETRACE_HAVE_MPI
   if (mpi::launched()) {
     mpi::init();
@@ -72,12 +67,23 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                     "demo: --mesh {} under MPI needs {} ranks (one member per rank), but {} were "
                     "started",
                     n, n, ranks);
+      across = true;
       lead = mpi::world_rank() == 0;
       if (!lead) (void)std::freopen("/dev/null", "w", stdout);
-      mesh = mpi::open_mesh("cpu", {n}, member_options, {}, device->id().value + 1);
+      progress_bars = false;  // mpirun forwards every rank's output: lines only
     }
   }
 #endif
+  // The whole model on one device: the reference.
+  auto [device, model, batch, label] = load_demo_model(o, d);
+  const models::DiTConfig& c = model->config();
+  DeviceOptions member_options = device_options_for(o);
+  member_options.kernel_threads = 1;  // members side by side, each on a core of its own
+  std::unique_ptr<MeshDevice> mesh;
+#ifdef RETRACE_HAVE_MPI
+  if (across) mesh = mpi::open_mesh("cpu", {n}, member_options, {}, device->id().value + 1);
+#endif
+  (void)across;
   if (!mesh) mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
   const models::TensorParallelDiT split(*model, *mesh);
   const models::DdimSchedule schedule(o.steps);
