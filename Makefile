@@ -64,6 +64,9 @@ bench:
 	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer
 	./build/bin/retrace_bench_mesh
+	@if [ -x build/bin/retrace_bench_mpi ]; then \
+	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  mpirun -np 2 --bind-to none ./build/bin/retrace_bench_mpi; fi
 	$(MAKE) python
 	$(PYTHON) bench/python/call_overhead.py --json build/bench_python_calls.json
 
