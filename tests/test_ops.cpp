@@ -4,7 +4,9 @@
 // bfloat16 (float32 arithmetic, inputs and output rounded) 2e-2 + 2e-2 |want|.
 #include "support.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <numeric>
 
@@ -398,6 +400,39 @@ TEST_P(OpsTest, Typecast) {
   Ref rounded{ra.shape, {}};
   for (double x : ra.v) rounded.v.push_back(bfloat16::from_float(static_cast<float>(x)).to_float());
   EXPECT_EQ(read(other).v, rounded.v);
+}
+
+// Floats outside an integer type's range saturate to its lowest or highest value (infinities
+// too), NaN becomes 0, the rest truncate toward zero: a defined result for every input (a C++
+// conversion of an out-of-range float is undefined behaviour).
+TEST_P(OpsTest, TypecastToIntegersSaturatesAndMapsNaNToZero) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<float> values{static_cast<float>(nan), static_cast<float>(inf),
+                                  static_cast<float>(-inf), 3e9f, -3e9f, 1e20f, -1e20f,
+                                  2.75f, -2.75f, 255.5f, 256.0f, -1.0f, -0.5f, 0.0f};
+  const Tensor a = Tensor::from_vector(values, {static_cast<std::int64_t>(values.size())},
+                                       dtype()).to_device(device());
+  const std::vector<double> stored = read(a).v;  // bfloat16 rounds some of them
+  for (DType to : {DType::int32, DType::uint32, DType::uint8}) {
+    const double lo = to == DType::int32 ? -2147483648.0 : 0.0;
+    const double hi = to == DType::int32 ? 2147483647.0 : to == DType::uint32 ? 4294967295.0 : 255.0;
+    std::vector<double> expected;
+    for (double x : stored) expected.push_back(std::isnan(x) ? 0.0 : std::clamp(std::trunc(x), lo, hi));
+    const Tensor got = ops::typecast(a, to);
+    std::vector<double> converted;
+    if (to == DType::int32) {
+      for (auto v : got.to_vector<std::int32_t>()) converted.push_back(v);
+    } else if (to == DType::uint32) {
+      for (auto v : got.to_vector<std::uint32_t>()) converted.push_back(v);
+    } else {
+      for (auto v : got.to_vector<std::uint8_t>()) converted.push_back(v);
+    }
+    EXPECT_EQ(converted, expected) << dtype_name(to);
+  }
+  expect_replay_matches({a}, [](const std::vector<Tensor>& in) {
+    return ops::typecast(in[0], DType::int32);
+  });
 }
 
 // Every op in one traced function: replay equals eager bit for bit, before and after the inputs

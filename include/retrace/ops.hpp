@@ -241,6 +241,9 @@ enum class Causal : bool { no = false, yes = true };
                                         QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor concat(std::span<const Tensor> tensors, std::int64_t dim,
                             QueueId queue = kDefaultQueue);
+// Floats to integers truncate toward zero; values outside the integer's range saturate to its
+// lowest or highest value (infinities too) and NaN becomes 0. Integers to narrower or unsigned
+// integers wrap (modulo 2^bits); to bool, any nonzero value (NaN included) is true.
 [[nodiscard]] Tensor typecast(const Tensor& a, DType dtype, QueueId queue = kDefaultQueue);
 // Row-major <-> tile (32x32, padded with zeros). The same layout returns `a` itself.
 [[nodiscard]] Tensor to_layout(const Tensor& a, Layout layout, QueueId queue = kDefaultQueue);

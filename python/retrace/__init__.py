@@ -47,8 +47,16 @@ from ._core import (  # noqa: F401
     from_dlpack,
     empty,
     ops,
+    MeshDevice,
+    MeshTensor,
+    Placement,
+    open_mesh,
+    distribute,
+    gather_to_host,
+    gather_shards,
 )
 from ._tracing import StateTensor, traced_function  # noqa: F401
+from ._mesh import mesh_map  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -58,4 +66,6 @@ __all__ = [
     "OutOfMemory", "DeviceError", "Unimplemented",
     "float32", "bfloat16", "int32", "uint32", "uint8", "bool_", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
     "open_device", "available_backends", "from_numpy", "from_dlpack", "empty", "ops",
+    "MeshDevice", "MeshTensor", "Placement", "open_mesh", "distribute", "gather_to_host",
+    "gather_shards", "mesh_map",
 ]

@@ -19,24 +19,37 @@ namespace nb = nanobind;
 class PyDevice {
  public:
   explicit PyDevice(std::unique_ptr<Device> device);
+  // A member of a mesh: the mesh owns it (closing the mesh closes it; detach() then forgets it).
+  PyDevice(Device* member, std::string mesh_name);
   ~PyDevice();
   PyDevice(const PyDevice&) = delete;
   PyDevice& operator=(const PyDevice&) = delete;
 
   // The device; failed_precondition once closed.
   [[nodiscard]] Device& get(std::string_view what) const;
-  [[nodiscard]] Device* raw() const noexcept { return device_.get(); }
+  [[nodiscard]] Device* raw() const noexcept { return device_ ? device_.get() : member_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
-  [[nodiscard]] bool closed() const noexcept { return device_ == nullptr || device_->is_closed(); }
+  [[nodiscard]] bool closed() const noexcept {
+    const Device* d = raw();
+    return d == nullptr || d->is_closed();
+  }
   void close();
+  // Before its mesh destroys the member: the object then reports closed.
+  void detach() noexcept;
 
   // The Python object of the open device `device` (None when it has none).
   static nb::object find(const Device* device);
 
  private:
   std::unique_ptr<Device> device_;
+  Device* member_ = nullptr;  // a mesh member (owned by the mesh)
   std::string name_;
+  std::string mesh_name_;
 };
+
+// The MeshDevices a traced call may take as its devices: the members, or nullopt when `object`
+// is not a retrace.MeshDevice.
+[[nodiscard]] std::optional<std::vector<Device*>> mesh_devices(nb::handle object);
 
 // Device argument: a PyDevice or None.
 [[nodiscard]] Device& device_of(nb::handle device, std::string_view what);
@@ -64,5 +77,6 @@ void bind_errors(nb::module_& m);
 void bind_tensors(nb::module_& m);
 void bind_ops(nb::module_& m);
 void bind_tracer(nb::module_& m);
+void bind_mesh(nb::module_& m);
 
 }  // namespace retrace::python

@@ -12,4 +12,5 @@ NB_MODULE(_core, m) {
   retrace::python::bind_tensors(m);
   retrace::python::bind_ops(m);
   retrace::python::bind_tracer(m);
+  retrace::python::bind_mesh(m);
 }

@@ -258,7 +258,20 @@ PyDevice::PyDevice(std::unique_ptr<Device> device)
     : device_(std::move(device)), name_(device_->name()) {
   live_devices()[device_.get()] = this;
 }
+PyDevice::PyDevice(Device* member, std::string mesh_name)
+    : member_(member), name_(member->name()), mesh_name_(std::move(mesh_name)) {
+  live_devices()[member_] = this;
+}
+void PyDevice::detach() noexcept {
+  if (member_ == nullptr) return;
+  live_devices().erase(member_);
+  member_ = nullptr;
+}
 PyDevice::~PyDevice() {
+  if (member_ != nullptr) {
+    detach();
+    return;
+  }
   live_devices().erase(device_.get());
   // Closing waits for queued work, which may drop the last reference to a Python array.
   if (device_) {
@@ -268,9 +281,11 @@ PyDevice::~PyDevice() {
 }
 Device& PyDevice::get(std::string_view what) const {
   RETRACE_CHECK(!closed(), failed_precondition, "{}: {} was closed", what, name_);
-  return *device_;
+  return *raw();
 }
 void PyDevice::close() {
+  RETRACE_CHECK(member_ == nullptr, failed_precondition,
+                "close: {} is a member of {}; close the mesh", name_, mesh_name_);
   if (!device_) return;
   nb::gil_scoped_release release;
   device_->close();

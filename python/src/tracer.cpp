@@ -3,6 +3,8 @@
 // C++; a replay never calls into Python.
 #include "bindings.hpp"
 
+#include "retrace/mesh.hpp"
+
 #include "retrace/error.hpp"
 #include "retrace/tracer.hpp"
 
@@ -27,6 +29,9 @@ PyTypeObject* tensor_type() {
 }
 bool is_tensor(nb::handle h) { return Py_TYPE(h.ptr()) == tensor_type(); }
 Tensor& tensor_ref(nb::handle h) { return *nb::inst_ptr<Tensor>(h); }
+// A MeshTensor is a node whose children are its shards (and whose placements must match).
+bool is_mesh_tensor(nb::handle h) { return nb::isinstance<MeshTensor>(h); }
+MeshTensor& mesh_ref(nb::handle h) { return *nb::inst_ptr<MeshTensor>(h); }
 
 std::string_view str_view(nb::handle key) {
   Py_ssize_t size = 0;
@@ -110,7 +115,9 @@ class PyTracer {
       : core_(resolve_devices(device, devices), make_options(prep_run, clone_prep_inputs, name)),
         function_(std::move(function)) {
     if (!devices.is_none()) {
-      for (nb::handle d : nb::iter(devices)) device_objects_.append(d);
+      const nb::object members =
+          mesh_devices(devices) ? nb::object(devices.attr("devices")) : nb::borrow(devices);
+      for (nb::handle d : nb::iter(members)) device_objects_.append(d);
     } else {
       device_objects_.append(device);
     }
@@ -259,9 +266,12 @@ class PyTracer {
     std::vector<Device*> out;
     if (!device.is_none()) {
       out.push_back(&device_of(device, "Tracer"));
+    } else if (auto members = mesh_devices(devices)) {
+      out = std::move(*members);
     } else {
       RETRACE_CHECK(nb::isinstance<nb::sequence>(devices), invalid_argument,
-                    "Tracer: devices must be a sequence of retrace.Device");
+                    "Tracer: devices must be a retrace.MeshDevice or a sequence of "
+                    "retrace.Device");
       for (nb::handle d : nb::iter(devices)) out.push_back(&device_of(d, "Tracer"));
       RETRACE_CHECK(!out.empty(), invalid_argument, "Tracer: devices is empty");
     }
@@ -297,6 +307,13 @@ class PyTracer {
       core_.check_capture_input(path, tensor_ref(value));
       return nb::borrow(value);
     }
+    if (is_mesh_tensor(value)) {
+      const MeshTensor& m = mesh_ref(value);
+      for (std::size_t i = 0; i < m.shards().size(); ++i) {
+        core_.check_capture_input(path.at(i), m.shards()[i]);
+      }
+      return nb::borrow(value);
+    }
     if (is_scalar(value)) return nb::borrow(value);
     if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
       const bool tuple = PyTuple_CheckExact(value.ptr());
@@ -328,6 +345,12 @@ class PyTracer {
   template <class F>
   static nb::object map_tensors(nb::handle value, F& f) {
     if (is_tensor(value)) return f(tensor_ref(value));
+    if (is_mesh_tensor(value)) {
+      const MeshTensor& m = mesh_ref(value);
+      std::vector<Tensor> shards;
+      for (const Tensor& shard : m.shards()) shards.push_back(nb::cast<Tensor>(f(shard)));
+      return nb::cast(MeshTensor::from_shards(std::move(shards), m.mesh(), m.placements()));
+    }
     if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
       nb::list items;
       for (nb::handle item : nb::iter(value)) items.append(map_tensors(item, f));
@@ -345,6 +368,9 @@ class PyTracer {
   static void collect_tensors(nb::handle value, std::vector<Tensor*>& out) {
     if (is_tensor(value)) {
       out.push_back(&tensor_ref(value));
+    } else if (is_mesh_tensor(value)) {
+      // The shards of a mesh tensor the tracer owns (a slot or an output): refreshed in place.
+      for (const Tensor& shard : mesh_ref(value).shards()) out.push_back(const_cast<Tensor*>(&shard));
     } else if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
       for (nb::handle item : nb::iter(value)) collect_tensors(item, out);
     } else if (PyDict_CheckExact(value.ptr())) {
@@ -355,6 +381,9 @@ class PyTracer {
   void check_outputs(const TreePath& path, nb::handle value) {
     if (is_tensor(value)) {
       core_.check_output(path, tensor_ref(value));
+    } else if (is_mesh_tensor(value)) {
+      const MeshTensor& m = mesh_ref(value);
+      for (std::size_t i = 0; i < m.shards().size(); ++i) core_.check_output(path.at(i), m.shards()[i]);
     } else if (is_scalar(value)) {
     } else if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
       std::size_t i = 0;
@@ -452,6 +481,24 @@ class PyTracer {
   // --- replay ----------------------------------------------------------------------------------
 
   void match(const TreePath& path, nb::handle slot, nb::handle value) {
+    if (is_mesh_tensor(slot)) {
+      if (!is_mesh_tensor(value)) {
+        tree_type_error(path, fmt::format("is a {}, the captured input is a MeshTensor",
+                                          py_type_name(value)));
+      }
+      const MeshTensor& s = mesh_ref(slot);
+      const MeshTensor& in = mesh_ref(value);
+      if (in.mesh() != s.mesh() || in.placements() != s.placements()) {
+        throw_tree_error(path, fmt::format("is {}, the captured input is {} (the mesh and the "
+                                           "placements are part of the trace)",
+                                           in.to_string(), s.to_string()));
+      }
+      for (std::size_t i = 0; i < s.shards().size(); ++i) {
+        core_.check_replay_input(path.at(i), s.shards()[i], in.shards()[i]);
+        incoming_.push_back(in.shards()[i]);
+      }
+      return;
+    }
     if (is_tensor(slot)) {
       const Tensor& s = tensor_ref(slot);
       if (is_tensor(value)) {
@@ -613,6 +660,10 @@ void signature_of(nb::handle value, std::string& out) {
     const Tensor& t = tensor_ref(value);
     out += fmt::format("T{}{}{}@{};", t.shape(), dtype_name(t.dtype()), layout_name(t.layout()),
                        t.on_host() ? std::uint64_t{0} : t.buffer()->link().uid);
+  } else if (is_mesh_tensor(value)) {
+    const MeshTensor& m = mesh_ref(value);
+    out += fmt::format("M{}{}@{};", m.to_string(), m.shards().front().shape(),
+                       static_cast<const void*>(m.mesh().get()));
   } else if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
     out += PyTuple_CheckExact(value.ptr()) ? "(" : "[";
     for (nb::handle item : nb::iter(value)) signature_of(item, out);

@@ -3,6 +3,7 @@
 #include "cpu/elementwise.hpp"
 #include "cpu/kernels_internal.hpp"
 #include "cpu/parallel.hpp"
+#include "util/float_to_int.hpp"
 #include "retrace/error.hpp"
 
 #include <cstring>
@@ -51,6 +52,8 @@ void typecast_kernel(const std::byte* raw) {
     }
     if constexpr (std::is_same_v<To, bfloat16>) {
       dst[i] = bfloat16::from_float(static_cast<float>(v));
+    } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<decltype(v)>) {
+      dst[i] = retrace::detail::float_to_int<To>(v);  // NaN 0, saturating: never undefined
     } else {
       dst[i] = static_cast<To>(v);
     }

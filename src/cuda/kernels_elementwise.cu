@@ -4,6 +4,7 @@
 #include "core/apply_binary.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
+#include "util/float_to_int.hpp"
 #include "util/philox.hpp"
 
 #include <type_traits>
@@ -261,6 +262,8 @@ __global__ void typecast_kernel(const FailureRecord* record, const From* src, To
     }
     if constexpr (std::is_same_v<To, bfloat16>) {
       Elem<To>::store(dst, i, static_cast<float>(v));
+    } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<decltype(v)>) {
+      dst[i] = retrace::detail::float_to_int<To>(v);  // NaN 0, saturating: never undefined
     } else {
       dst[i] = static_cast<To>(v);
     }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -47,8 +48,10 @@ bool finalized() {
 }
 
 // Waits for a request, polling (so that a rank that never arrives can be given up on): spins
-// first, then yields, then sleeps a little. False at the deadline (the request stays pending).
-bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view call) {
+// first, then yields, then sleeps a little. False at the deadline or once `stop` is set (the
+// request stays pending).
+bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view call,
+              const std::atomic<bool>* stop = nullptr) {
   const auto spin_until = Clock::now() + std::chrono::microseconds(50);
   const auto yield_until = Clock::now() + std::chrono::milliseconds(2);
   for (int i = 0;; ++i) {
@@ -57,7 +60,7 @@ bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view
     if (done) return true;
     if ((i & 15) != 15) continue;
     const auto now = Clock::now();
-    if (now >= deadline) return false;
+    if (now >= deadline || (stop != nullptr && stop->load())) return false;
     if (now < spin_until) continue;
     if (now < yield_until) {
       std::this_thread::yield();
@@ -155,9 +158,9 @@ class MpiGroup final : public detail::CollectiveGroup {
     check_mpi(MPI_Iallgather(&buffers.mine, sizeof(Header), MPI_BYTE, buffers.all.data(),
                              sizeof(Header), MPI_BYTE, comm_, &request),
               "MPI_Iallgather");
-    if (!wait_for(request, Clock::now() + timeout_, "MPI_Test")) {
+    if (!wait_for(request, Clock::now() + timeout_, "MPI_Test", &broken_)) {
       abandoned_ = true;  // leave the buffers to the pending request
-      break_group(fmt::format(
+      break_group(fmt::format(  // no-op when the group was broken (closed) meanwhile
           "{} on {} waited {} ms for the other ranks of {} to reach collective {} (was a "
           "rank's trace replayed without the others', or a rank stuck or gone?)",
           detail::collective_op_name(params.op), members_[params.rank], timeout_.count(),
