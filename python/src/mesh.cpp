@@ -5,8 +5,9 @@
 #include "retrace/error.hpp"
 #include "retrace/mesh.hpp"
 
-#include <nanobind/stl/chrono.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
 #include <fmt/format.h>
