@@ -22,6 +22,7 @@
 
 #include "retrace/tensor.hpp"
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -247,5 +248,33 @@ enum class Causal : bool { no = false, yes = true };
 [[nodiscard]] Tensor typecast(const Tensor& a, DType dtype, QueueId queue = kDefaultQueue);
 // Row-major <-> tile (32x32, padded with zeros). The same layout returns `a` itself.
 [[nodiscard]] Tensor to_layout(const Tensor& a, Layout layout, QueueId queue = kDefaultQueue);
+
+// --- images: padding, resizing, convolution -----------------------------------------------------
+
+// Constant padding, torch.nn.functional.pad's order: (before, after) pairs starting from the last
+// dimension ({1, 1} pads the last dimension by one on each side, {1, 1, 2, 2} also the one
+// before it by two). Pads are >= 0; integer tensors take a whole-number value in range.
+[[nodiscard]] Tensor pad(const Tensor& a, std::span<const std::int64_t> pads, double value = 0.0,
+                         QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor pad(const Tensor& a, std::initializer_list<std::int64_t> pads,
+                         double value = 0.0, QueueId queue = kDefaultQueue);
+// Nearest-neighbour resizing of the last two dimensions [..., H, W] -> [..., out_h, out_w], as
+// torch's interpolate(mode="nearest"): output element i reads input floor(i * in / out). Each
+// output extent is a whole multiple of the input's (upsampling: every element repeated) or a
+// whole divisor (downsampling: every k-th element); other ratios are `unimplemented`.
+[[nodiscard]] Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
+                                         QueueId queue = kDefaultQueue);
+struct Conv2dOptions {
+  std::array<std::int64_t, 2> stride{1, 1};
+  std::array<std::int64_t, 2> padding{0, 0};  // zeros on both sides of H and of W
+  std::array<std::int64_t, 2> dilation{1, 1};
+  std::int64_t groups = 1;
+};
+// 2-D convolution (cross-correlation, as torch's conv2d): x [N, C, H, W], weight [O, C / groups,
+// kh, kw], bias [O] (optional) -> [N, O, Ho, Wo], Ho = (H + 2 pad - dilation (kh - 1) - 1) /
+// stride + 1. float32 and bfloat16 (float32 accumulation). Computed as im2col then one matmul
+// per group, on any device that has those kernels.
+[[nodiscard]] Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                            const Conv2dOptions& options = {}, QueueId queue = kDefaultQueue);
 
 }  // namespace retrace::ops

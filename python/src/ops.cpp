@@ -5,6 +5,7 @@
 #include "retrace/error.hpp"
 #include "retrace/ops.hpp"
 
+#include <array>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
@@ -471,6 +472,49 @@ void bind_ops(nb::module_& m) {
         return ops::to_layout(a, layout, parse_queue(queue));
       },
       nb::arg("a"), nb::arg("layout"), nb::kw_only(), nb::arg("queue") = nb::none());
+  ops.def(
+      "pad",
+      [](const Tensor& a, nb::handle pads, double value, nb::handle queue) {
+        const std::vector<std::int64_t> p = int_list(pads, "pad", "pads");
+        return ops::pad(a, p, value, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("pads"), nb::arg("value") = 0.0, nb::kw_only(),
+      nb::arg("queue") = nb::none(),
+      "Constant padding, torch.nn.functional.pad's order: (before, after) pairs from the last "
+      "dimension.");
+  ops.def(
+      "interpolate_nearest",
+      [](const Tensor& a, nb::handle size, nb::handle queue) {
+        const std::vector<std::int64_t> s = int_list(size, "interpolate_nearest", "size");
+        RETRACE_CHECK(s.size() == 2, invalid_argument,
+                      "interpolate_nearest: size is (out_h, out_w), got {} values", s.size());
+        return ops::interpolate_nearest(a, s[0], s[1], parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("size"), nb::kw_only(), nb::arg("queue") = nb::none(),
+      "Nearest-neighbour resizing of the last two dimensions to size (whole multiples or "
+      "divisors of the input's).");
+  ops.def(
+      "conv2d",
+      [](const Tensor& x, const Tensor& weight, const Tensor* bias, nb::handle stride,
+         nb::handle padding, nb::handle dilation, std::int64_t groups, nb::handle queue) {
+        const auto pair = [](nb::handle v, const char* name) {
+          std::vector<std::int64_t> p = int_list(v, "conv2d", name);
+          if (p.size() == 1) p.push_back(p[0]);
+          RETRACE_CHECK(p.size() == 2, invalid_argument,
+                        "conv2d: {} is one integer or two, got {} values", name, p.size());
+          return std::array<std::int64_t, 2>{p[0], p[1]};
+        };
+        ops::Conv2dOptions options;
+        options.stride = pair(stride, "stride");
+        options.padding = pair(padding, "padding");
+        options.dilation = pair(dilation, "dilation");
+        options.groups = groups;
+        return ops::conv2d(x, weight, optional_tensor(bias), options, parse_queue(queue));
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::kw_only(),
+      nb::arg("stride") = 1, nb::arg("padding") = 0, nb::arg("dilation") = 1,
+      nb::arg("groups") = 1, nb::arg("queue") = nb::none(),
+      "2-D convolution as torch's conv2d: x [N, C, H, W], weight [O, C / groups, kh, kw].");
 }
 
 }  // namespace retrace::python

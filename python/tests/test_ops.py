@@ -240,3 +240,45 @@ def test_comparisons_where_and_masked_fill(device):
                                   np.where(np.array([True, False, True]), -np.inf, a).astype(np.float32))
     with pytest.raises(retrace.InvalidArgument, match="where: cond must be a bool tensor"):
         ops.where(ta, ta, ta)
+
+
+def _conv2d_reference(x, w, b, stride, padding, dilation, groups):
+    """Direct convolution in float64 (numpy), torch's conv2d semantics."""
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho = (h - dilation * (kh - 1) - 1) // stride + 1
+    wo = (wd - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, o, ho, wo))
+    og = o // groups
+    for oc in range(o):
+        g = oc // og
+        for a in range(kh):
+            for bb in range(kw):
+                patch = x[:, g * cg:(g + 1) * cg,
+                          a * dilation:a * dilation + stride * (ho - 1) + 1:stride,
+                          bb * dilation:bb * dilation + stride * (wo - 1) + 1:stride]
+                out[:, oc] += np.einsum("nchw,c->nhw", patch, w[oc, :, a, bb].astype(np.float64))
+        if b is not None:
+            out[:, oc] += b[oc]
+    return out
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 0, 1, 1), (2, 1, 1, 1),
+                                                           (1, 2, 2, 2), (1, 1, 1, 4)])
+def test_conv2d_pad_and_interpolate_match_numpy(device, stride, padding, dilation, groups):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 4 // groups, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    xt = retrace.from_numpy(x, device=device)
+    y = ops.conv2d(xt, retrace.from_numpy(w, device=device), retrace.from_numpy(b, device=device),
+                   stride=stride, padding=padding, dilation=dilation, groups=groups)
+    np.testing.assert_allclose(y.numpy(), _conv2d_reference(x, w, b, stride, padding, dilation,
+                                                            groups), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ops.pad(xt, (1, 2, 0, 1), 0.5).numpy(),
+                                  np.pad(x, ((0, 0), (0, 0), (0, 1), (1, 2)), constant_values=0.5))
+    np.testing.assert_array_equal(ops.interpolate_nearest(xt, (18, 16)).numpy(),
+                                  x.repeat(2, axis=2).repeat(2, axis=3))
+    with pytest.raises(retrace.InvalidArgument, match="conv2d: stride is one integer or two"):
+        ops.conv2d(xt, retrace.from_numpy(w, device=device), stride=(1, 2, 3), groups=groups)

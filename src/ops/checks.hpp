@@ -61,6 +61,13 @@ void fill_space(const IterationSpace& space, std::int64_t* shape,
 Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op);
 
 inline void* data_of(const Tensor& t) { return t.buffer()->data(); }
+// dst[idx] = src[idx] over `shape`, with per-operand strides and offsets (in elements); the
+// strides may be 0 (a source element read several times). Enqueues one strided_copy kernel.
+void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
+                  const std::vector<std::int64_t>& shape,
+                  const std::vector<std::int64_t>& src_strides, const Tensor& dst,
+                  std::int64_t dst_offset, const std::vector<std::int64_t>& dst_strides,
+                  QueueId queue);
 
 }  // namespace retrace::ops::detail
 

@@ -24,6 +24,10 @@ Shape make_shape(const std::vector<std::int64_t>& dims) {
   return Shape(std::span<const std::int64_t>(dims));
 }
 
+}  // namespace
+
+namespace detail {
+
 // dst[idx] = src[idx] over `shape`, with per-operand strides (elements) and a source offset.
 void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
                   const std::vector<std::int64_t>& shape,
@@ -44,7 +48,7 @@ void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
   src.device()->enqueue(queue, make_launch(op, params, buffers));
 }
 
-}  // namespace
+}  // namespace detail
 
 Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
   device_of(a, "reshape", "a");

@@ -1,0 +1,202 @@
+// pad, interpolate_nearest and conv2d against float64 references computed here (direct loops),
+// in float32 and bfloat16, with strides, padding, dilation, groups (depthwise included), 1x1
+// kernels, empty batches and size-1 extents; traced == eager bit for bit; errors.
+#include "support.hpp"
+
+#include <bit>
+#include <cmath>
+
+namespace retrace {
+namespace {
+
+using testing::device_tensor;
+
+class OpImageTest : public testing::DeviceTest {};
+
+// The values as the dtype stores them (bfloat16 rounds), in double.
+std::vector<double> stored(const std::vector<float>& v, DType dtype) {
+  std::vector<double> out;
+  for (float x : v) {
+    out.push_back(dtype == DType::bfloat16 ? bfloat16::from_float(x).to_float() : x);
+  }
+  return out;
+}
+
+struct ConvCase {
+  std::int64_t n, c, h, w, o, kh, kw;
+  ops::Conv2dOptions options;
+  bool bias;
+};
+
+TEST_F(OpImageTest, Conv2dMatchesAFloat64Reference) {
+  const std::vector<ConvCase> cases{
+      {2, 3, 7, 6, 4, 3, 3, {}, true},
+      {1, 4, 8, 8, 6, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, true},   // stride 2, padding 1
+      {1, 2, 9, 7, 3, 3, 2, {{1, 2}, {2, 0}, {2, 1}, 1}, false},  // dilation, uneven
+      {1, 3, 8, 9, 2, 2, 3, {{1, 1}, {1, 2}, {1, 2}, 1}, true},   // dilation along W
+      {2, 4, 5, 5, 6, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 2}, true},   // 2 groups
+      {1, 4, 6, 6, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 4}, true},   // depthwise
+      {3, 5, 4, 4, 2, 1, 1, {}, true},                            // 1x1 (a linear per pixel)
+      {1, 1, 1, 1, 1, 1, 1, {}, false},                           // size 1 everywhere
+      {0, 3, 5, 5, 2, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},   // empty batch
+      {1, 4, 32, 32, 8, 2, 2, {{2, 2}, {0, 0}, {1, 1}, 1}, true}, // patch embedding
+  };
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    std::uint64_t salt = 0;
+    for (const ConvCase& k : cases) {
+      const auto& [sh, sw] = k.options.stride;
+      const auto& [ph, pw] = k.options.padding;
+      const auto& [dh, dw] = k.options.dilation;
+      const std::int64_t g = k.options.groups, cg = k.c / g, og = k.o / g;
+      const auto xv = testing::random_floats(static_cast<std::size_t>(k.n * k.c * k.h * k.w), ++salt);
+      const auto wv = testing::random_floats(static_cast<std::size_t>(k.o * cg * k.kh * k.kw), ++salt);
+      const auto bv = testing::random_floats(static_cast<std::size_t>(k.o), ++salt);
+      const Tensor x = device_tensor(device(), xv, {k.n, k.c, k.h, k.w}, dtype);
+      const Tensor w = device_tensor(device(), wv, {k.o, cg, k.kh, k.kw}, dtype);
+      const Tensor b = k.bias ? device_tensor(device(), bv, {k.o}, dtype) : Tensor{};
+      const Tensor y = ops::conv2d(x, w, b, k.options);
+      const std::int64_t ho = (k.h + 2 * ph - dh * (k.kh - 1) - 1) / sh + 1;
+      const std::int64_t wo = (k.w + 2 * pw - dw * (k.kw - 1) - 1) / sw + 1;
+      ASSERT_EQ(y.shape(), (Shape{k.n, k.o, ho, wo}));
+      const auto xs = stored(xv, dtype), ws = stored(wv, dtype), bs = stored(bv, dtype);
+      const std::vector<float> got = y.to_vector<float>();
+      for (std::int64_t ni = 0; ni < k.n; ++ni) {
+        for (std::int64_t oc = 0; oc < k.o; ++oc) {
+          for (std::int64_t i = 0; i < ho; ++i) {
+            for (std::int64_t j = 0; j < wo; ++j) {
+              double ref = k.bias ? bs[static_cast<std::size_t>(oc)] : 0.0, magnitude = std::abs(ref);
+              const std::int64_t group = oc / og;
+              for (std::int64_t ci = 0; ci < cg; ++ci) {
+                for (std::int64_t a = 0; a < k.kh; ++a) {
+                  for (std::int64_t bb = 0; bb < k.kw; ++bb) {
+                    const std::int64_t yi = i * sh + a * dh - ph, xj = j * sw + bb * dw - pw;
+                    if (yi < 0 || yi >= k.h || xj < 0 || xj >= k.w) continue;
+                    const double term =
+                        xs[static_cast<std::size_t>(((ni * k.c + group * cg + ci) * k.h + yi) * k.w + xj)] *
+                        ws[static_cast<std::size_t>(((oc * cg + ci) * k.kh + a) * k.kw + bb)];
+                    ref += term;
+                    magnitude += std::abs(term);
+                  }
+                }
+              }
+              const double v = got[static_cast<std::size_t>(((ni * k.o + oc) * ho + i) * wo + j)];
+              const double tol = dtype == DType::bfloat16 ? std::abs(ref) / 128.0 + 1e-5 * magnitude
+                                                          : 1e-6 * magnitude + 1e-30;
+              ASSERT_NEAR(v, ref, tol) << "case " << salt << " " << dtype_name(dtype) << " at ["
+                                       << ni << ", " << oc << ", " << i << ", " << j << "]";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OpImageTest, PadPlacesTheTensorInsideAConstantFrame) {
+  const std::vector<float> v{1, 2, 3, 4, 5, 6};
+  const Tensor a = device_tensor(device(), v, {2, 3});
+  EXPECT_EQ(ops::pad(a, {1, 2}, -1.0).to_vector<float>(),
+            (std::vector<float>{-1, 1, 2, 3, -1, -1, -1, 4, 5, 6, -1, -1}));
+  const Tensor both = ops::pad(a, {0, 1, 1, 0});
+  EXPECT_EQ(both.shape(), (Shape{3, 4}));
+  EXPECT_EQ(both.to_vector<float>(), (std::vector<float>{0, 0, 0, 0, 1, 2, 3, 0, 4, 5, 6, 0}));
+  EXPECT_EQ(ops::pad(a, std::span<const std::int64_t>{}).to_vector<float>(), v);
+  EXPECT_EQ(ops::pad(ops::full({0, 2}, 1.0, device()), {1, 1, 1, 1}).to_vector<float>(),
+            std::vector<float>(2 * 4, 0.0f));
+  const Tensor ints = device_tensor(device(), v, {6}, DType::int32);
+  EXPECT_EQ(ops::pad(ints, {1, 0}, 7.0).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{7, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(ops::pad(device_tensor(device(), v, {2, 3}, DType::bfloat16), {1, 0}, 0.5)
+                .to_vector<float>()[0],
+            0.5f);
+}
+
+TEST_F(OpImageTest, InterpolateNearestRepeatsOrSkipsElements) {
+  const std::vector<float> v{1, 2, 3, 4, 5, 6};
+  const Tensor a = device_tensor(device(), v, {1, 2, 3});  // one 2x3 image
+  EXPECT_EQ(ops::interpolate_nearest(a, 4, 6).to_vector<float>(),
+            (std::vector<float>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3,
+                                4, 4, 5, 5, 6, 6, 4, 4, 5, 5, 6, 6}));
+  EXPECT_EQ(ops::interpolate_nearest(a, 1, 3).to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(ops::interpolate_nearest(a, 2, 1).to_vector<float>(), (std::vector<float>{1, 4}));
+  EXPECT_EQ(ops::interpolate_nearest(a, 6, 3).to_vector<float>(),  // up in H only
+            (std::vector<float>{1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6, 4, 5, 6}));
+  // torch's rule, i -> floor(i * in / out), checked on a 4x4 -> 8x2 resize.
+  const auto src = testing::random_floats(2 * 4 * 4, 3);
+  const Tensor b = device_tensor(device(), src, {2, 4, 4});
+  const std::vector<float> got = ops::interpolate_nearest(b, 8, 2).to_vector<float>();
+  for (std::int64_t m = 0; m < 2; ++m) {
+    for (std::int64_t i = 0; i < 8; ++i) {
+      for (std::int64_t j = 0; j < 2; ++j) {
+        EXPECT_EQ(got[static_cast<std::size_t>((m * 8 + i) * 2 + j)],
+                  src[static_cast<std::size_t>((m * 4 + i * 4 / 8) * 4 + j * 4 / 2)]);
+      }
+    }
+  }
+  EXPECT_EQ(ops::interpolate_nearest(ops::full({0, 2, 2}, 1.0, device()), 4, 4).shape(),
+            (Shape{0, 4, 4}));
+}
+
+TEST_F(OpImageTest, TracedEqualsEagerBitForBit) {
+  const Tensor w = device_tensor(device(), testing::random_floats(8 * 4 * 9, 1), {8, 4, 3, 3});
+  const Tensor bias = device_tensor(device(), testing::random_floats(8, 2), {8});
+  // A VAE decoder's upsampling block: nearest 2x, padded 3x3 convolution, silu.
+  auto f = [&](const Tensor& x) {
+    const Tensor up = ops::interpolate_nearest(x, x.shape()[2] * 2, x.shape()[3] * 2);
+    return ops::silu(ops::conv2d(ops::pad(up, {1, 1, 1, 1}), w, bias));
+  };
+  auto tracer = make_tracer(f, device());
+  for (std::uint64_t call = 0; call < 3; ++call) {
+    const Tensor x = device_tensor(device(), testing::random_floats(2 * 4 * 5 * 5, 10 + call),
+                                   {2, 4, 5, 5});
+    const std::vector<float> traced = tracer(x).to_vector<float>();
+    const std::vector<float> eager = f(x).to_vector<float>();
+    ASSERT_EQ(traced.size(), eager.size());
+    for (std::size_t i = 0; i < eager.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(traced[i]), std::bit_cast<std::uint32_t>(eager[i]))
+          << i;
+    }
+  }
+}
+
+template <class F>
+void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), category) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(OpImageTest, BadInputIsRefusedWithTheOpsName) {
+  const Tensor x = ops::full({1, 4, 5, 5}, 1.0, device());
+  const Tensor w = ops::full({2, 3, 3, 3}, 1.0, device());
+  const auto E = ErrorCategory::invalid_argument;
+  expect_error([&] { (void)ops::conv2d(x, w); }, E, "conv2d: weight [2, 3, 3, 3] expects 3 input channels");
+  expect_error([&] { (void)ops::conv2d(x, ops::full({2, 4, 7, 7}, 1.0, device())); }, E,
+               "conv2d: the kernel spans 7x7");
+  expect_error([&] { (void)ops::conv2d(x, ops::full({3, 2, 3, 3}, 1.0, device()), {},
+                                       {{1, 1}, {0, 0}, {1, 1}, 2}); },
+               E, "conv2d: 4 input and 3 output channels do not split into 2 groups");
+  expect_error([&] { (void)ops::conv2d(x, ops::full({2, 4, 3, 3}, 1.0, device()), {},
+                                       {{0, 1}, {0, 0}, {1, 1}, 1}); },
+               E, "conv2d: stride (0, 1) must be >= 1");
+  expect_error([&] { (void)ops::conv2d(ops::full({4, 5, 5}, 1.0, device()), w); }, E,
+               "conv2d: x has shape [4, 5, 5]");
+  expect_error([&] { (void)ops::conv2d(x, ops::full({2, 4, 3, 3}, 1.0, device()),
+                                       ops::full({3}, 1.0, device())); },
+               E, "conv2d: bias is [3] float32; expected [2] float32");
+  expect_error([&] { (void)ops::pad(x, {1}); }, E, "pad: 1 padding values");
+  expect_error([&] { (void)ops::pad(x, {-1, 0}); }, E, "pad: padding of dimension 3 is (-1, 0)");
+  expect_error([&] { (void)ops::pad(ops::full({3}, 1.0, device(), DType::int32), {1, 1}, 0.5); },
+               E, "pad");
+  expect_error([&] { (void)ops::interpolate_nearest(x, 7, 5); }, ErrorCategory::unimplemented,
+               "interpolate_nearest: height 5 -> 7");
+  expect_error([&] { (void)ops::interpolate_nearest(ops::full({5}, 1.0, device()), 2, 2); }, E,
+               "interpolate_nearest: a has rank 1");
+}
+
+}  // namespace
+}  // namespace retrace
