@@ -175,6 +175,99 @@ TEST_F(OpSelectTest, MaskedFillAndBoolTypecasts) {
   EXPECT_EQ(ops::masked_fill(ops::full({0, 3}, 1.0, device()), keep, 2.0).shape(), (Shape{0, 3}));
 }
 
+// A boolean attention mask (true: the key takes part) gives the same bits as the additive mask
+// of 0 and -inf it stands for, broadcast the same ways (key padding [B, 1, 1, Sk], per query).
+TEST_F(OpSelectTest, AttentionTakesABooleanMask) {
+  const Tensor q = device_tensor(device(), testing::random_floats(2 * 2 * 3 * 4, 1), {2, 2, 3, 4});
+  const Tensor k = device_tensor(device(), testing::random_floats(2 * 2 * 5 * 4, 2), {2, 2, 5, 4});
+  const Tensor v = device_tensor(device(), testing::random_floats(2 * 2 * 5 * 4, 3), {2, 2, 5, 4});
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::vector<float>, Shape>> masks{
+      {{1, 1, 1, 0, 0, 1, 1, 1, 1, 0}, {2, 1, 1, 5}},  // key padding
+      {{1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 1, 0}, {3, 5}}};
+  for (const auto& [bits, shape] : masks) {
+    std::vector<float> additive;
+    for (float b : bits) additive.push_back(b != 0.0f ? 0.0f : -inf);
+    const Tensor as_bool = device_tensor(device(), bits, shape, DType::bool_);
+    const Tensor as_add = device_tensor(device(), additive, shape);
+    const std::vector<float> got =
+        ops::scaled_dot_product_attention(q, k, v, as_bool).to_vector<float>();
+    const std::vector<float> want =
+        ops::scaled_dot_product_attention(q, k, v, as_add).to_vector<float>();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
+    }
+  }
+}
+
+// argmax: the first maximum along any dimension, the first NaN when a row has one (torch), int32
+// indices, keepdim; ties and infinities; an empty reduced dimension is an error.
+TEST_F(OpSelectTest, ArgmaxPointsAtTheFirstMaximum) {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    std::vector<float> v = testing::random_floats(4 * 5 * 6, 21, -3.0f, 3.0f);
+    for (std::size_t i = 0; i < v.size(); i += 7) v[i] = 2.5f;  // ties
+    v[13] = kNaN;
+    v[40] = kInf;
+    v[41] = kInf;
+    v[77] = -kInf;
+    const Shape shape{4, 5, 6};
+    const Tensor a = device_tensor(device(), v, shape, dtype);
+    std::vector<double> stored;
+    for (float x : a.to_vector<float>()) stored.push_back(x);
+    const std::int64_t ext[3] = {4, 5, 6};
+    for (std::int64_t dim = 0; dim < 3; ++dim) {
+      for (ops::KeepDim keep : {ops::KeepDim::no, ops::KeepDim::yes}) {
+        const Tensor got = ops::argmax(a, dim - (dim == 2 ? 3 : 0), keep);
+        EXPECT_EQ(got.dtype(), DType::int32);
+        std::vector<std::int64_t> out_dims;
+        for (std::int64_t d = 0; d < 3; ++d) {
+          if (d != dim) out_dims.push_back(ext[d]);
+          else if (keep == ops::KeepDim::yes) out_dims.push_back(1);
+        }
+        EXPECT_EQ(got.shape(), Shape(std::span<const std::int64_t>(out_dims)));
+        const std::vector<std::int32_t> idx = got.to_vector<std::int32_t>();
+        const std::int64_t stride = dim == 0 ? 30 : dim == 1 ? 6 : 1;
+        std::size_t at = 0;
+        for (std::int64_t i = 0; i < 4; ++i) {
+          for (std::int64_t j = 0; j < 5; ++j) {
+            for (std::int64_t k = 0; k < 6; ++k) {
+              const std::int64_t pos[3] = {i, j, k};
+              if (pos[dim] != 0) continue;
+              const std::int64_t base = i * 30 + j * 6 + k;
+              std::int64_t best = 0;
+              double top = stored[static_cast<std::size_t>(base)];
+              for (std::int64_t c = 1; c < ext[dim] && !std::isnan(top); ++c) {
+                const double x = stored[static_cast<std::size_t>(base + c * stride)];
+                if (x > top || std::isnan(x)) {
+                  top = x;
+                  best = c;
+                }
+              }
+              EXPECT_EQ(idx[at++], best) << dtype_name(dtype) << " dim " << dim;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ops::argmax(ops::full({0, 3}, 1.0, device())).shape(), (Shape{0}));
+  try {
+    (void)ops::argmax(ops::full({3, 0}, 1.0, device()));
+    ADD_FAILURE() << "argmax of an empty row";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("argmax: the reduced dimension of [3, 0] is empty"),
+              std::string::npos)
+        << e.what();
+  }
+  auto f = [](const Tensor& x) { return ops::argmax(ops::add(x, 1.0), 0); };
+  auto tracer = make_tracer(f, device());
+  const Tensor x = device_tensor(device(), testing::random_floats(24, 5), {4, 6});
+  (void)tracer(x);
+  const Tensor x2 = device_tensor(device(), testing::random_floats(24, 6), {4, 6});
+  EXPECT_EQ(tracer(x2).to_vector<std::int32_t>(), f(x2).to_vector<std::int32_t>());
+}
+
 TEST_F(OpSelectTest, TracedEqualsEager) {
   auto f = [](const Tensor& x, const Tensor& y) {
     const Tensor m = ops::gt(x, y);

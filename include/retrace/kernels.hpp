@@ -73,7 +73,8 @@ enum class BinaryOp : std::uint8_t { add, sub, mul, div, maximum, minimum, pow }
 enum class UnaryOp : std::uint8_t {
   neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh, sin, cos, square, erf
 };
-enum class ReduceOp : std::uint8_t { sum, mean, max };
+// argmax writes int32 indices (the first maximum; the first NaN, as torch) to out.
+enum class ReduceOp : std::uint8_t { sum, mean, max, argmax };
 
 // out[i] = value + i * step (step 0: a fill). Floating dtypes compute value + i * step in
 // double and round once to the dtype; integer dtypes compute in 64-bit integers (value and step

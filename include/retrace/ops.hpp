@@ -138,6 +138,10 @@ enum class KeepDim : bool { no = false, yes = true };
 // min(a) = -max(-a): NaN wins, an empty row gives +inf.
 [[nodiscard]] Tensor min(const Tensor& a, KeepDim keepdim = KeepDim::no,
                          QueueId queue = kDefaultQueue);
+// The int32 index of the first maximum (of the first NaN if there is one, as torch); an empty
+// reduced dimension is invalid_argument.
+[[nodiscard]] Tensor argmax(const Tensor& a, KeepDim keepdim = KeepDim::no,
+                            QueueId queue = kDefaultQueue);
 // Numerically stable (subtracts the row maximum).
 [[nodiscard]] Tensor softmax(const Tensor& a, QueueId queue = kDefaultQueue);
 // weight and bias: [last dim] or null.
@@ -166,6 +170,8 @@ void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& o
                          QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor min(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
                          QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor argmax(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
+                            QueueId queue = kDefaultQueue);
 // Variance sum((x - mean)^2) / (n - correction) (torch's default correction 1: unbiased;
 // n <= correction gives inf or NaN, as torch); std is its square root. Two passes.
 [[nodiscard]] Tensor var(const Tensor& a, std::int64_t dim = -1, double correction = 1.0,
@@ -202,7 +208,8 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
             QueueId queue = kDefaultQueue);
 // softmax(q k^T * scale + mask) v. q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] (or
 // rank 3 without B), Hkv = H or, for grouped-query attention, a divisor of H (query head h uses
-// key/value head h / (H / Hkv), as torch's enable_gqa); mask (optional, additive) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
+// key/value head h / (H / Hkv), as torch's enable_gqa); mask (optional: additive in q's dtype,
+// or bool, true where a key takes part, as torch's) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
 // [H or 1, Sq or 1, Sk] or [B or 1, H or 1, Sq or 1, Sk] (e.g. a key-padding mask [B, 1, 1, Sk]);
 // scale defaults to 1/sqrt(D).
 [[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,

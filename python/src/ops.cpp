@@ -284,6 +284,7 @@ void bind_ops(nb::module_& m) {
       nb::arg("queue") = nb::none(), "Reduction along `dim` (default: the last).")
   RETRACE_PY_REDUCE(sum);
   RETRACE_PY_REDUCE(mean);
+  RETRACE_PY_REDUCE(argmax);
   RETRACE_PY_REDUCE(max);
   RETRACE_PY_REDUCE(min);
 #undef RETRACE_PY_REDUCE

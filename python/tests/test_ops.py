@@ -282,3 +282,21 @@ def test_conv2d_pad_and_interpolate_match_numpy(device, stride, padding, dilatio
                                   x.repeat(2, axis=2).repeat(2, axis=3))
     with pytest.raises(retrace.InvalidArgument, match="conv2d: stride is one integer or two"):
         ops.conv2d(xt, retrace.from_numpy(w, device=device), stride=(1, 2, 3), groups=groups)
+
+
+def test_argmax_and_boolean_attention_masks(device):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    x[1, 4] = np.nan
+    xt = retrace.from_numpy(x, device=device)
+    np.testing.assert_array_equal(ops.argmax(xt).numpy(), [np.argmax(x[0]), 4, np.argmax(x[2])])
+    np.testing.assert_array_equal(ops.argmax(xt, 0, keepdim=True).numpy(),
+                                  np.argmax(x, 0, keepdims=True))
+    assert ops.argmax(xt).dtype == retrace.int32
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
+    keep = np.array([[[[True, True, False]]]])
+    additive = np.where(keep, 0.0, -np.inf).astype(np.float32)
+    args = [retrace.from_numpy(a, device=device) for a in (q, k, v)]
+    with_bool = ops.scaled_dot_product_attention(*args, retrace.from_numpy(keep, device=device))
+    with_add = ops.scaled_dot_product_attention(*args, retrace.from_numpy(additive, device=device))
+    np.testing.assert_array_equal(with_bool.numpy(), with_add.numpy())

@@ -16,12 +16,37 @@ namespace {
 
 constexpr std::int64_t kElementsPerTask = 1 << 15;
 
+// The index of a row's first maximum, or of its first NaN (NaN is the largest, as in torch).
+template <class T>
+std::int32_t argmax_row(const T* row, std::int64_t cols) {
+  std::int64_t best = 0;
+  float top = float(Elem<T>::load(row, 0));
+  for (std::int64_t c = 1; c < cols && top == top; ++c) {
+    const float v = float(Elem<T>::load(row, c));
+    if (v > top || v != v) {
+      top = v;
+      best = c;
+    }
+  }
+  return static_cast<std::int32_t>(best);
+}
+
 template <class T>
 void reduce_kernel(const std::byte* raw) {
   const auto& p = params_as<ReduceParams>(raw);
   using E = Elem<T>;
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
+  if (p.op == ReduceOp::argmax) {
+    auto* index = static_cast<std::int32_t*>(p.out);
+    parallel_for(p.rows, rows_per_task(p.cols, kElementsPerTask),
+                 [&](std::int64_t begin, std::int64_t end) {
+                   for (std::int64_t r = begin; r < end; ++r) {
+                     index[r] = argmax_row(a + r * p.cols, p.cols);
+                   }
+                 });
+    return;
+  }
   parallel_for(
       p.rows, rows_per_task(p.cols, kElementsPerTask), [&](std::int64_t begin, std::int64_t end) {
         for (std::int64_t r = begin; r < end; ++r) {

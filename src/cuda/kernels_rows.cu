@@ -23,6 +23,26 @@ __global__ void reduce_kernel(const FailureRecord* record, const T* a, T* out, s
   if (threadIdx.x == 0) E::store(out, blockIdx.x, total);
 }
 
+// argmax: one row per thread (the first maximum, or the first NaN).
+template <class T>
+__global__ void argmax_kernel(const FailureRecord* record, const T* a, std::int32_t* out,
+                              std::int64_t rows, std::int64_t cols) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(r, rows) {
+    const T* row = a + r * cols;
+    std::int64_t best = 0;
+    float top = static_cast<float>(Elem<T>::load(row, 0));
+    for (std::int64_t c = 1; c < cols && top == top; ++c) {
+      const float v = static_cast<float>(Elem<T>::load(row, c));
+      if (v > top || v != v) {
+        top = v;
+        best = c;
+      }
+    }
+    out[r] = static_cast<std::int32_t>(best);
+  }
+}
+
 // Softmax of one row per block; `in` and `out` may alias.
 template <class T>
 __global__ void softmax_kernel(const FailureRecord* record, const T* in, T* out,
@@ -182,6 +202,12 @@ cudaError_t launch_reduce(const ReduceParams& p, const LaunchContext& ctx) {
   if (p.rows == 0) return cudaSuccess;
   return with_float(p.dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (p.op == ReduceOp::argmax) {
+      argmax_kernel<T><<<blocks_for(p.rows), kThreads, 0, ctx.stream>>>(
+          ctx.record, static_cast<const T*>(p.a), static_cast<std::int32_t*>(p.out), p.rows,
+          p.cols);
+      return;
+    }
     reduce_kernel<T><<<static_cast<unsigned int>(p.rows), row_threads(p.cols), 0, ctx.stream>>>(
         ctx.record, static_cast<const T*>(p.a), static_cast<T*>(p.out), p.cols, p.op);
   });

@@ -4,6 +4,7 @@
 #include "retrace/ops.hpp"
 
 #include <cmath>
+#include <limits>
 
 namespace retrace::ops {
 
@@ -207,11 +208,20 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 namespace {
 
 // Allocates the output when `given_out` is null.
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& given_mask,
                  std::optional<double> scale, bool causal, const Tensor& given_out,
                  QueueId queue) {
   constexpr const char* op = "scaled_dot_product_attention";
   check_pair(q, "q", k, "k", op);
+  // A boolean mask (true: the key takes part, as torch's) becomes the additive one: 0 or -inf.
+  Tensor mask = given_mask;
+  if (!mask.is_null() && mask.dtype() == DType::bool_) {
+    Device& device = device_of(mask, op, "mask");
+    RETRACE_CHECK(&device == q.device(), invalid_argument,
+                  "{}: mask is on {}, q on another device", op, device.name());
+    mask = masked_fill(full(mask.shape(), 0.0, device, q.dtype(), Layout::row_major, queue),
+                       eq(mask, 0.0, queue), -std::numeric_limits<double>::infinity(), queue);
+  }
   check_pair(q, "q", v, "v", op);
   const std::size_t rank = q.shape().rank();
   RETRACE_CHECK((rank == 3 || rank == 4) && k.shape().rank() == rank && v.shape().rank() == rank,

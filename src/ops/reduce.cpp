@@ -135,6 +135,30 @@ void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& o
   norm("rms_norm", a, weight, Tensor(), eps, true, out, queue);
 }
 
+Tensor argmax(const Tensor& a, KeepDim keepdim, QueueId queue) {
+  constexpr const char* op = "argmax";
+  const Rows r = rows_of(a, op);
+  RETRACE_CHECK(r.cols > 0 || r.rows == 0, invalid_argument,
+                "argmax: the reduced dimension of {} is empty (no maximum to point at)",
+                a.shape());
+  RETRACE_CHECK(r.cols <= INT32_MAX, invalid_argument,
+                "argmax: the reduced dimension has {} elements; int32 indices reach {}", r.cols,
+                INT32_MAX);
+  std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
+  if (keepdim == KeepDim::yes) {
+    shape.back() = 1;
+  } else {
+    shape.pop_back();
+  }
+  Tensor out = Tensor::empty(Shape(std::span<const std::int64_t>(shape)), DType::int32,
+                             *a.device());
+  if (r.rows == 0) return out;
+  ReduceParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype(), ReduceOp::argmax};
+  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  return out;
+}
+
 Tensor min(const Tensor& a, KeepDim keepdim, QueueId queue) {
   rows_of(a, "min");
   return neg(reduce("min", ReduceOp::max, neg(a, queue), keepdim, queue), queue);
@@ -177,6 +201,10 @@ Tensor mean(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
 Tensor max(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
   return along("max", a, dim, keepdim, queue,
                [&](const Tensor& t, KeepDim k) { return max(t, k, queue); });
+}
+Tensor argmax(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
+  return along("argmax", a, dim, keepdim, queue,
+               [&](const Tensor& t, KeepDim k) { return argmax(t, k, queue); });
 }
 Tensor min(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
   return along("min", a, dim, keepdim, queue,
