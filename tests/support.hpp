@@ -111,6 +111,18 @@ inline std::string test_device_name(std::uint32_t id) {
   return test_backend() + ":" + std::to_string(id);
 }
 
+// Runs f and expects a retrace::Error of `category` whose message contains `needle`.
+template <class F>
+void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), category) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 inline Tensor device_tensor(Device& device, const std::vector<float>& values, const Shape& shape,
                             DType dtype = DType::float32, Layout layout = Layout::row_major) {
   return Tensor::from_vector<float>(values, shape, dtype, layout).to_device(device);

@@ -1,5 +1,7 @@
 // Mesh devices: distribute / gather, the collectives eager and traced against single-device
 // references computed here, failures that reach every member, and repeated capture cycles.
+#include "support.hpp"
+
 #include "retrace/cpu.hpp"
 #include "retrace/mesh.hpp"
 #include "retrace/ops.hpp"
@@ -21,16 +23,7 @@ std::vector<float> iota_values(std::int64_t n, float scale = 1.0f) {
   return v;
 }
 
-template <class F>
-void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 class MeshTest : public ::testing::TestWithParam<std::size_t> {};
 

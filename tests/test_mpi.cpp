@@ -42,16 +42,7 @@ Tensor host_full(std::int64_t n, float value) {
                              DType::float32);
 }
 
-template <class F>
-void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 std::size_t ranks() { return static_cast<std::size_t>(mpi::world_size()); }
 std::size_t my_rank() { return static_cast<std::size_t>(mpi::world_rank()); }

@@ -159,16 +159,7 @@ TEST_F(OpImageTest, TracedEqualsEagerBitForBit) {
   }
 }
 
-template <class F>
-void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 TEST_F(OpImageTest, BadInputIsRefusedWithTheOpsName) {
   const Tensor x = ops::full({1, 4, 5, 5}, 1.0, device());

@@ -89,6 +89,18 @@ struct Header {
 };
 static_assert(sizeof(Header) == 256);
 
+// This member's header: `failure` empty when its queue is fine, else why it failed.
+Header header_of(const CollectiveParams& params, std::string_view failure) {
+  Header h{};
+  h.ok = failure.empty() ? 1 : 0;
+  h.op = static_cast<std::uint8_t>(params.op);
+  h.dtype = static_cast<std::uint8_t>(params.dtype);
+  h.outer = params.outer;
+  h.chunk = params.chunk;
+  std::memcpy(h.reason, failure.data(), std::min(failure.size(), sizeof(h.reason) - 1));
+  return h;
+}
+
 // The members along one line of a mesh axis, one per rank, over their own communicator.
 class MpiGroup final : public detail::CollectiveGroup {
  public:
@@ -102,13 +114,7 @@ class MpiGroup final : public detail::CollectiveGroup {
   void run(const CollectiveParams& params) override {
     std::lock_guard lock(mutex_);  // the member's queues take turns on the communicator
     if (broken_) fail_broken();
-    Header mine{};
-    mine.ok = 1;
-    mine.op = static_cast<std::uint8_t>(params.op);
-    mine.dtype = static_cast<std::uint8_t>(params.dtype);
-    mine.outer = params.outer;
-    mine.chunk = params.chunk;
-    const std::vector<Header>& all = exchange_headers(params, mine);
+    const std::vector<Header>& all = exchange_headers(params, header_of(params, {}));
     const std::string why = check_headers(params, all);
     RETRACE_CHECK(why.empty(), device_error, "{} on {} ({}): {}",
                   detail::collective_op_name(params.op), members_[params.rank], label_, why);
@@ -119,15 +125,7 @@ class MpiGroup final : public detail::CollectiveGroup {
     try {
       std::lock_guard lock(mutex_);
       if (broken_) return;
-      Header mine{};
-      mine.ok = 0;
-      mine.op = static_cast<std::uint8_t>(params.op);
-      mine.dtype = static_cast<std::uint8_t>(params.dtype);
-      mine.outer = params.outer;
-      mine.chunk = params.chunk;
-      const std::size_t n = std::min(reason.size(), sizeof(mine.reason) - 1);
-      std::memcpy(mine.reason, reason.data(), n);
-      (void)exchange_headers(params, mine);
+      (void)exchange_headers(params, header_of(params, reason.empty() ? "failed" : reason));
     } catch (...) {
       // The group broke (a peer never arrived): nothing more to tell the peers.
     }
