@@ -97,7 +97,9 @@ Header header_of(const CollectiveParams& params, std::string_view failure) {
   h.dtype = static_cast<std::uint8_t>(params.dtype);
   h.outer = params.outer;
   h.chunk = params.chunk;
-  std::memcpy(h.reason, failure.data(), std::min(failure.size(), sizeof(h.reason) - 1));
+  if (!failure.empty()) {  // (an empty view's data() may be null)
+    std::memcpy(h.reason, failure.data(), std::min(failure.size(), sizeof(h.reason) - 1));
+  }
   return h;
 }
 
