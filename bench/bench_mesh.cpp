@@ -7,6 +7,7 @@
 // traced on a mesh of two (the model split by heads and MLP width, models::TensorParallelDiT),
 // the two interleaved step by step in one run. Counters: one_device_ms, mesh_ms and
 // speedup = one_device_ms / mesh_ms.
+#include "step_inputs.hpp"
 #include "util/timing.hpp"
 
 #include <benchmark/benchmark.h>
@@ -86,16 +87,7 @@ void BM_DiTStepTwoMembersVsOneDevice(benchmark::State& state) {
   auto mesh = MeshDevice::open("cpu", {2}, std::nullopt, {}, 1);
   const models::TensorParallelDiT split(model, *mesh);
   // Host inputs: latents, one timestep's features, a label, the DDIM coefficients.
-  const models::DdimSchedule schedule(10);
-  const Shape shape{1, c.in_channels, c.input_size, c.input_size};
-  const std::vector<std::int64_t> label{1};
-  const Tensor latents = Tensor::from_vector<float>(
-      std::vector<float>(static_cast<std::size_t>(shape.numel()), 0.5f), shape, c.dtype);
-  const Tensor t = Tensor::from_vector<float>(model.timestep_frequencies({&schedule.timesteps[3], 1}),
-                                              {1, c.frequency_size}, c.dtype);
-  const Tensor labels =
-      Tensor::from_vector<float>(model.label_rows(label), {1, c.num_classes + 1}, c.dtype);
-  const Tensor ab = Tensor::from_vector<float>(schedule.coefficients(3), {2}, c.dtype);
+  const auto [latents, t, labels, ab] = bench::step_inputs(model);
 
   auto one = make_tracer<Tensor, Tensor, Tensor, Tensor>(
       [&](const Tensor& x, const Tensor& tt, const Tensor& l, const Tensor& k) {

@@ -6,6 +6,7 @@
 //    (rank 0 alone, the other ranks sleeping) and traced on the mesh of one member per rank,
 //    interleaved step by step: one_device_ms, mesh_ms, speedup = one_device_ms / mesh_ms.
 // Every rank runs the same fixed number of iterations, so the collectives pair up.
+#include "step_inputs.hpp"
 #include "util/timing.hpp"
 
 #include <benchmark/benchmark.h>
@@ -98,16 +99,7 @@ void BM_MpiDiTStepVsOneDevice(benchmark::State& state) {
   const models::DiT model(c, *device);
   auto mesh = mpi::open_mesh("cpu", {}, std::nullopt, {}, 1);
   const models::TensorParallelDiT split(model, *mesh);
-  const models::DdimSchedule schedule(10);
-  const Shape shape{1, c.in_channels, c.input_size, c.input_size};
-  const std::vector<std::int64_t> label{1};
-  const Tensor latents = Tensor::from_vector<float>(
-      std::vector<float>(static_cast<std::size_t>(shape.numel()), 0.5f), shape, c.dtype);
-  const Tensor t = Tensor::from_vector<float>(
-      model.timestep_frequencies({&schedule.timesteps[3], 1}), {1, c.frequency_size}, c.dtype);
-  const Tensor labels =
-      Tensor::from_vector<float>(model.label_rows(label), {1, c.num_classes + 1}, c.dtype);
-  const Tensor ab = Tensor::from_vector<float>(schedule.coefficients(3), {2}, c.dtype);
+  const auto [latents, t, labels, ab] = bench::step_inputs(model);
 
   auto one = make_tracer<Tensor, Tensor, Tensor, Tensor>(
       [&](const Tensor& x, const Tensor& tt, const Tensor& l, const Tensor& k) {
