@@ -445,12 +445,19 @@ MeshTensor distribute(const Tensor& tensor, const MeshDevice& mesh,
   return MeshTensor::from_shards(std::move(shards), mesh.state(), std::move(placements));
 }
 
-std::vector<Tensor> gather_shards(const MeshTensor& tensor, QueueId queue) {
-  RETRACE_CHECK(!tensor.is_null(), invalid_argument, "gather_shards: the mesh tensor is null");
+namespace {
+
+// Every member's shard on the host, in member order. In one process only the members `wanted`
+// names are read back (the others stay null); across processes every rank's shard is exchanged
+// (a collective call).
+template <class Wanted>
+std::vector<Tensor> host_shards(const MeshTensor& tensor, QueueId queue, Wanted&& wanted) {
   const MeshState& s = *tensor.mesh();
-  s.require_open("gather_shards");
   std::vector<Tensor> local;
-  for (const Tensor& shard : tensor.shards()) local.push_back(shard.to_host(queue));
+  for (std::size_t i = 0; i < tensor.shards().size(); ++i) {
+    local.push_back(s.processes || wanted(s.local[i]) ? tensor.shards()[i].to_host(queue)
+                                                      : Tensor());
+  }
   if (!s.processes) return local;
   // Across processes: every member's bytes, in member order.
   const Shape& shape = local.front().shape();
@@ -472,6 +479,14 @@ std::vector<Tensor> gather_shards(const MeshTensor& tensor, QueueId queue) {
   return out;
 }
 
+}  // namespace
+
+std::vector<Tensor> gather_shards(const MeshTensor& tensor, QueueId queue) {
+  RETRACE_CHECK(!tensor.is_null(), invalid_argument, "gather_shards: the mesh tensor is null");
+  tensor.mesh()->require_open("gather_shards");
+  return host_shards(tensor, queue, [](std::size_t) { return true; });
+}
+
 Tensor gather_to_host(const MeshTensor& tensor, QueueId queue) {
   RETRACE_CHECK(!tensor.is_null(), invalid_argument, "gather_to_host: the mesh tensor is null");
   const MeshState& s = *tensor.mesh();
@@ -483,18 +498,20 @@ Tensor gather_to_host(const MeshTensor& tensor, QueueId queue) {
   const DType dtype = first.dtype();
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   Tensor out = Tensor::empty_host(tensor.shape(), dtype);
-  const std::vector<Tensor> parts = gather_shards(tensor, queue);
+  // The members that hold values: the first along every replicated axis, all along the others.
+  const auto holds = [&](std::size_t member) {
+    const std::vector<std::size_t> c = s.coords(member);
+    for (std::size_t a = 0; a < placements.size(); ++a) {
+      if (placements[a].kind == Placement::Kind::replicated && c[a] != 0) return false;
+    }
+    return true;
+  };
+  const std::vector<Tensor> parts = host_shards(tensor, queue, holds);
   const auto full = tensor.shape().dims();
   std::vector<std::int64_t> off, len;
-  // The members that hold values: the first along every replicated axis, all along the others.
   const auto each_holder = [&](auto&& f) {
     for (std::size_t i = 0; i < parts.size(); ++i) {
-      const std::vector<std::size_t> c = s.coords(i);
-      bool take = true;
-      for (std::size_t a = 0; a < placements.size(); ++a) {
-        if (placements[a].kind == Placement::Kind::replicated && c[a] != 0) take = false;
-      }
-      if (!take) continue;
+      if (!holds(i)) continue;
       member_box(s, i, placements, parts[i].shape(), off, len);
       f(parts[i].host_bytes().data());
     }
