@@ -103,6 +103,12 @@ std::vector<Tensor> case_inputs(const OpCase& c, Device& device, DType dtype, st
 }
 
 // Runs one case on a device.
+// got within tolerance * max(1, |want|) of want; equal values (infinities) and NaN pairs too.
+bool close(float got, float want, double tolerance) {
+  if (got == want || (std::isnan(got) && std::isnan(want))) return true;
+  return std::abs(got - want) <= tolerance * std::max(1.0f, std::abs(want));
+}
+
 std::vector<float> run_case(const OpCase& c, Device& device, DType dtype, std::uint64_t salt) {
   return c.run(case_inputs(c, device, dtype, salt)).to_vector<float>();
 }
@@ -118,7 +124,7 @@ TEST_P(BackendOpsTest, EveryOpAgreesWithTheCpuDevice) {
   auto other = open_device(backend + ":1");
   const bool exact = backend == "cpu";  // same kernels: bit for bit
   std::uint64_t salt = 1000;
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
     for (const OpCase& c : op_cases()) {
       salt += 10;
       SCOPED_TRACE(fmt::format("{} {} on {}", c.name, dtype, other->name()));
@@ -137,14 +143,16 @@ TEST_P(BackendOpsTest, EveryOpAgreesWithTheCpuDevice) {
         continue;
       }
       ASSERT_EQ(got.size(), want.size());
-      // bfloat16 results may differ by one rounding of a slightly different float.
-      const double tolerance = dtype == DType::bfloat16 ? 1.0 / 64 : c.tolerance_f32;
+      // 16-bit results may differ by one rounding of a slightly different float.
+      const double tolerance = dtype == DType::bfloat16  ? 1.0 / 64
+                               : dtype == DType::float16 ? 1.0 / 512
+                                                         : c.tolerance_f32;
       for (std::size_t i = 0; i < want.size(); ++i) {
         if (exact || tolerance == 0.0) {
           EXPECT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
               << "element " << i << ": " << got[i] << " vs " << want[i];
         } else {
-          EXPECT_LE(std::abs(got[i] - want[i]), tolerance * std::max(1.0f, std::abs(want[i])))
+          EXPECT_TRUE(close(got[i], want[i], tolerance))
               << "element " << i << ": " << got[i] << " vs " << want[i];
         }
       }
@@ -175,7 +183,7 @@ TEST_P(CpuVariantOpsTest, AgreesWithTheBaselineAndReplaysBitForBit) {
   auto device = open_cpu_device(options);
   ASSERT_EQ(cpu_kernel_isa(*device), isa.name);
   std::uint64_t salt = 5000;
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
     for (const OpCase& c : op_cases()) {
       salt += 10;
       SCOPED_TRACE(fmt::format("{} {} with the {} kernels", c.name, dtype, isa.name));
@@ -183,10 +191,12 @@ TEST_P(CpuVariantOpsTest, AgreesWithTheBaselineAndReplaysBitForBit) {
       const std::vector<float> got = run_case(c, *device, dtype, salt);
       ASSERT_EQ(got.size(), want.size());
       // Variants may contract a*b+c into one FMA or sum in another order: float32 within the
-      // case's tolerance (2 ulp for the exact ones), bfloat16 within one rounding.
-      const double tolerance = dtype == DType::bfloat16 ? 1.0 / 64 : std::max(c.tolerance_f32, 2e-7);
+      // case's tolerance (2 ulp for the exact ones), 16-bit floats within one rounding.
+      const double tolerance = dtype == DType::bfloat16  ? 1.0 / 64
+                               : dtype == DType::float16 ? 1.0 / 512
+                                                         : std::max(c.tolerance_f32, 2e-7);
       for (std::size_t i = 0; i < want.size(); ++i) {
-        EXPECT_LE(std::abs(got[i] - want[i]), tolerance * std::max(1.0f, std::abs(want[i])))
+        EXPECT_TRUE(close(got[i], want[i], tolerance))
             << "element " << i << ": " << got[i] << " vs " << want[i];
       }
       // Traced == eager within the variant.

@@ -68,7 +68,8 @@ TEST_P(DiTTest, TracedSamplerStepsEqualEagerAtTwoResolutions) {
   EXPECT_EQ(step.stats().replays, 4u);
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, DiTTest, ::testing::Values(DType::float32, DType::bfloat16),
+INSTANTIATE_TEST_SUITE_P(DTypes, DiTTest,
+                         ::testing::Values(DType::float32, DType::bfloat16, DType::float16),
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
 
 // Guidance is eps_u + s (eps_c - eps_u) over the in_channels noise channels of one batch of 2B.

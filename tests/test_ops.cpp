@@ -1,7 +1,8 @@
 // The op library against a float64 reference computed here, on random inputs (seed logged,
 // RETRACE_TEST_SEED overrides it), and traced replay against eager execution bit for bit.
 // Tolerances: float32 |got - want| <= 1e-5 + 1e-5 |want| (matmul-like ops scale with sqrt(K));
-// bfloat16 (float32 arithmetic, inputs and output rounded) 2e-2 + 2e-2 |want|.
+// bfloat16 (float32 arithmetic, inputs and output rounded) 2e-2 + 2e-2 |want|, float16 likewise
+// with 4e-3 (a few of its 2^-11 roundings).
 #include "support.hpp"
 
 #include <algorithm>
@@ -66,6 +67,13 @@ class OpsTest : public ::testing::TestWithParam<DType> {
   Device& device() { return *device_; }
   DType dtype() const { return GetParam(); }
   bool bf16() const { return dtype() == DType::bfloat16; }
+  double tolerance() const {
+    switch (dtype()) {
+      case DType::bfloat16: return 2e-2;
+      case DType::float16: return 4e-3;
+      default: return 1e-5;
+    }
+  }
 
   Tensor random(std::vector<std::int64_t> shape, std::uint64_t salt, float lo = -2.0f,
                 float hi = 2.0f) {
@@ -78,7 +86,7 @@ class OpsTest : public ::testing::TestWithParam<DType> {
   void expect_close(const Tensor& got, const Ref& want, double scale = 1.0) {
     const Ref g = read(got);
     ASSERT_EQ(g.shape, want.shape);
-    const double tol = (bf16() ? 2e-2 : 1e-5) * scale;
+    const double tol = tolerance() * scale;
     for (std::size_t i = 0; i < want.v.size(); ++i) {
       ASSERT_LE(std::abs(g.v[i] - want.v[i]), tol + tol * std::abs(want.v[i]))
           << "element " << i << " of " << want.v.size() << " (" << dtype_name(dtype()) << ")";
@@ -473,7 +481,8 @@ TEST_P(OpsTest, EveryOpReplaysBitIdentical) {
                         all_ops);
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, OpsTest, ::testing::Values(DType::float32, DType::bfloat16),
+INSTANTIATE_TEST_SUITE_P(DTypes, OpsTest,
+                         ::testing::Values(DType::float32, DType::bfloat16, DType::float16),
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
 
 TEST(OpsErrorTest, ShapeAndArgumentErrorsNameTheOp) {
@@ -488,7 +497,7 @@ TEST(OpsErrorTest, ShapeAndArgumentErrorsNameTheOp) {
   EXPECT_RETRACE_ERROR((void)ops::layer_norm(a, ops::full({4}, 1.0, *device)), invalid_argument,
                        "layer_norm: weight must hold 3 elements");
   EXPECT_RETRACE_ERROR((void)ops::softmax(ops::full({2, 3}, 1.0, *device, DType::int32)),
-                       invalid_argument, "softmax: a has dtype int32; supported: float32, bfloat16");
+                       invalid_argument, "softmax: a has dtype int32; supported: float32, bfloat16, float16");
   EXPECT_RETRACE_ERROR((void)ops::sum(ops::full({2, 3}, 1.0, *device, DType::float32, Layout::tile)),
                        invalid_argument, "sum: a is in tile layout");
   EXPECT_RETRACE_ERROR((void)ops::permute(a, {0, 0}), invalid_argument,

@@ -95,7 +95,7 @@ TEST_F(BasicOpsTest, ArgumentErrorsNameTheOpAndArgument) {
       (void)ops::add(a, ops::full({2, 3}, 1.0, device(), DType::float32, Layout::tile)),
       invalid_argument, "add: a has layout row_major but b has tile");
   EXPECT_RETRACE_ERROR((void)ops::add(ops::full({2}, 1.0, device(), DType::uint8), 1.0),
-                       invalid_argument, "add: a has dtype uint8; supported: float32, bfloat16");
+                       invalid_argument, "add: a has dtype uint8; supported: float32, bfloat16, float16");
   auto other = testing::open_test_device({.id = DeviceId{1}});
   EXPECT_RETRACE_ERROR((void)ops::mul(a, ops::full({2, 3}, 1.0, *other)), invalid_argument,
                        fmt::format("mul: a is on {} but b is on {}", device().name(),

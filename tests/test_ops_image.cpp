@@ -13,11 +13,13 @@ using testing::device_tensor;
 
 class OpImageTest : public testing::DeviceTest {};
 
-// The values as the dtype stores them (bfloat16 rounds), in double.
+// The values as the dtype stores them (bfloat16 and float16 round), in double.
 std::vector<double> stored(const std::vector<float>& v, DType dtype) {
   std::vector<double> out;
   for (float x : v) {
-    out.push_back(dtype == DType::bfloat16 ? bfloat16::from_float(x).to_float() : x);
+    out.push_back(dtype == DType::bfloat16  ? bfloat16::from_float(x).to_float()
+                  : dtype == DType::float16 ? float16::from_float(x).to_float()
+                                            : x);
   }
   return out;
 }
@@ -41,7 +43,7 @@ TEST_F(OpImageTest, Conv2dMatchesAFloat64Reference) {
       {0, 3, 5, 5, 2, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},   // empty batch
       {1, 4, 32, 32, 8, 2, 2, {{2, 2}, {0, 0}, {1, 1}, 1}, true}, // patch embedding
   };
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
     std::uint64_t salt = 0;
     for (const ConvCase& k : cases) {
       const auto& [sh, sw] = k.options.stride;
@@ -80,8 +82,11 @@ TEST_F(OpImageTest, Conv2dMatchesAFloat64Reference) {
                 }
               }
               const double v = got[static_cast<std::size_t>(((ni * k.o + oc) * ho + i) * wo + j)];
-              const double tol = dtype == DType::bfloat16 ? std::abs(ref) / 128.0 + 1e-5 * magnitude
-                                                          : 1e-6 * magnitude + 1e-30;
+              // One output rounding of a float32 sum: 2^-8 or 2^-11 relative (float16 also
+              // 2^-25 absolute in its subnormals).
+              const double tol = dtype == DType::bfloat16  ? std::abs(ref) / 128.0 + 1e-5 * magnitude
+                                 : dtype == DType::float16 ? std::abs(ref) / 1024.0 + 1e-5 * magnitude + 1e-7
+                                                           : 1e-6 * magnitude + 1e-30;
               ASSERT_NEAR(v, ref, tol) << "case " << salt << " " << dtype_name(dtype) << " at ["
                                        << ni << ", " << oc << ", " << i << ", " << j << "]";
             }

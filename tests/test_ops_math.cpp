@@ -35,6 +35,19 @@ float to_bfloat16(float x) {
   return Tensor::from_vector<float>({x}, {1}, DType::bfloat16).to_vector<float>()[0];
 }
 
+// Rounds a double to float16 once (nearest even), as the device stores a result.
+float to_float16(double x) { return float16::from_double(x).to_float(); }
+
+// float16 steps between two float16 values (both exactly representable).
+std::int64_t half_steps(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) ? 0 : INT64_MAX;
+  auto key = [](float x) {
+    const auto bits = static_cast<std::int64_t>(float16::from_float(x).bits);
+    return bits >= 0x8000 ? 0x8000 - bits : bits;  // monotone over all float16 values
+  };
+  return std::abs(key(a) - key(b));
+}
+
 class OpMathTest : public testing::DeviceTest {
  protected:
   Tensor floats(const std::vector<float>& values, DType dtype = DType::float32) {
@@ -68,6 +81,15 @@ class OpMathTest : public testing::DeviceTest {
       const float want = to_bfloat16(static_cast<float>(ref(xb[i])));
       ASSERT_LE(ulps(gb[i], want), std::int64_t{1} << 16)  // one bfloat16 step
           << name << " bfloat16(" << xb[i] << ") = " << gb[i] << ", want " << want;
+    }
+    // float16 likewise: the float64 reference rounded once to float16, or one step away.
+    std::vector<float> xh(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) xh[i] = to_float16(x[i]);
+    const std::vector<float> gh = op(floats(xh, DType::float16), kDefaultQueue).to_vector<float>();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float want = to_float16(ref(xh[i]));
+      ASSERT_LE(half_steps(gh[i], want), 1)
+          << name << " float16(" << xh[i] << ") = " << gh[i] << ", want " << want;
     }
   }
 };
@@ -208,15 +230,18 @@ TEST_F(OpMathTest, ArangeMatchesTheDoubleReference) {
   };
   for (const Case& c : {Case{0, 10, 1}, Case{0, 1, 0.1}, Case{-3.5, 2.25, 0.37}, Case{5, -5, -0.75},
                         Case{1e6, 1e6 + 1, 1e-3}, Case{0, 1, 3}, Case{2, 2, 1}, Case{3, 1, 1}}) {
-    for (DType dtype : {DType::float32, DType::bfloat16}) {
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
       SCOPED_TRACE(fmt::format("arange({}, {}, {}) {}", c.start, c.end, c.step, dtype));
       const Tensor t = ops::arange(c.start, c.end, c.step, device(), dtype);
       const auto n = static_cast<std::int64_t>(std::max(0.0, std::ceil((c.end - c.start) / c.step)));
       ASSERT_EQ(t.shape(), Shape({n}));
       const std::vector<float> got = t.to_vector<float>();
       for (std::int64_t i = 0; i < n; ++i) {
-        float want = static_cast<float>(c.start + static_cast<double>(i) * c.step);
-        if (dtype == DType::bfloat16) want = to_bfloat16(want);
+        // start + i * step in double, rounded once to the dtype.
+        const double exact = c.start + static_cast<double>(i) * c.step;
+        const float want = dtype == DType::bfloat16  ? bfloat16::from_double(exact).to_float()
+                           : dtype == DType::float16 ? to_float16(exact)
+                                                     : static_cast<float>(exact);
         ASSERT_EQ(got[static_cast<std::size_t>(i)], want) << "at " << i;
       }
     }

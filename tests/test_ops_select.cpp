@@ -52,7 +52,8 @@ TEST_F(OpSelectTest, ComparisonsFollowNumpy) {
       {"ge", &ops::ge, [](double x, double y) { return x >= y; }}};
   const std::vector<std::pair<Shape, Shape>> shapes{
       {{4, 1, 5}, {3, 1}}, {{7}, {7}}, {{2, 3}, {}}, {{0, 3}, {1, 3}}, {{1}, {6, 1, 2}}};
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::int32, DType::uint32}) {
+  for (DType dtype :
+       {DType::float32, DType::bfloat16, DType::float16, DType::int32, DType::uint32}) {
     std::uint64_t salt = 0;
     for (const auto& [sa, sb] : shapes) {
       auto a = values_with_specials(static_cast<std::size_t>(sa.numel()), ++salt);
@@ -104,7 +105,8 @@ TEST_F(OpSelectTest, WhereMovesValuesUnchanged) {
       {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, {{3, 1}, {1, 4}, {}}, {{4}, {2, 1, 4}, {1}},
       {{0, 2}, {1, 2}, {2}}, {{1}, {5}, {1}}};
   std::uint64_t salt = 100;
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::int32, DType::uint8}) {
+  for (DType dtype :
+       {DType::float32, DType::bfloat16, DType::float16, DType::int32, DType::uint8}) {
     for (const auto& [sc, sa, sb] : shapes) {
       std::vector<float> c = testing::random_floats(static_cast<std::size_t>(sc.numel()), ++salt);
       for (float& v : c) v = v > 0 ? 1.0f : 0.0f;
@@ -204,7 +206,7 @@ TEST_F(OpSelectTest, AttentionTakesABooleanMask) {
 // argmax: the first maximum along any dimension, the first NaN when a row has one (torch), int32
 // indices, keepdim; ties and infinities; an empty reduced dimension is an error.
 TEST_F(OpSelectTest, ArgmaxPointsAtTheFirstMaximum) {
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
     std::vector<float> v = testing::random_floats(4 * 5 * 6, 21, -3.0f, 3.0f);
     for (std::size_t i = 0; i < v.size(); i += 7) v[i] = 2.5f;  // ties
     v[13] = kNaN;

@@ -194,7 +194,7 @@ TEST_F(RandomTest, GeneratorAsABoundArgumentOfATracedFunction) {
 TEST_F(RandomTest, Errors) {
   Generator gen(device(), 1);
   EXPECT_RETRACE_ERROR((void)ops::randn({4}, gen, DType::int32), invalid_argument,
-                       "randn: dtype must be float32 or bfloat16, got int32");
+                       "randn: dtype must be float32, bfloat16 or float16, got int32");
   EXPECT_RETRACE_ERROR(ops::rand(gen, Tensor::empty({4}, DType::uint32, device())),
                        invalid_argument, "rand");
   EXPECT_RETRACE_ERROR(ops::randn(gen, ops::to_layout(ops::full({32, 32}, 0.0, device()),

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -121,6 +122,21 @@ TEST(SafetensorsReaderTest, ZeroElementTensorsRoundTrip) {
   EXPECT_TRUE(loaded.at("empty").on_device());
   EXPECT_TRUE(loaded.at("empty").to_vector<float>().empty());
   EXPECT_EQ(loaded.at("one").to_vector<float>(), std::vector<float>{7.0f});
+}
+
+// F16 tensors are float16 tensors (the bits unchanged), written back as F16.
+TEST(SafetensorsReaderTest, F16TensorsKeepTheirDType) {
+  std::map<std::string, Tensor> tensors;
+  tensors["w"] = Tensor::from_vector<float>({1.5f, -65504.0f, std::ldexp(1.0f, -24)}, {3},
+                                            DType::float16);
+  const std::string path = scratch("f16.safetensors");
+  models::write_safetensors(path, tensors);
+  const auto back = models::read_safetensors(path);
+  ASSERT_EQ(back.at("w").dtype(), DType::float16);
+  EXPECT_EQ(back.at("w").to_vector<float>(),
+            (std::vector<float>{1.5f, -65504.0f, std::ldexp(1.0f, -24)}));
+  auto device = open_cpu_device();
+  EXPECT_EQ(models::load_safetensors(path, *device).at("w").dtype(), DType::float16);
 }
 
 TEST(SafetensorsReaderTest, HostTensorsViewTheFileWithoutChangingIt) {

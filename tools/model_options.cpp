@@ -89,8 +89,8 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->check(whole_number(1, kMaxSize));
   app.add_option("--classes", o.config.num_classes, "class labels (plus one null class)")
       ->check(whole_number(1, kMaxSize));
-  app.add_option("--dtype", o.dtype, "float32 or bfloat16")
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_option("--dtype", o.dtype, "float32, bfloat16 or float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   app.add_option("--device", o.device,
                  "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
   app.add_option("--memory", o.memory,
@@ -152,7 +152,9 @@ std::unique_ptr<Device> open_device(const ModelOptions& options) {
 }
 
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {
-  const DType dtype = options.dtype == "bfloat16" ? DType::bfloat16 : DType::float32;
+  const DType dtype = options.dtype == "bfloat16"  ? DType::bfloat16
+                      : options.dtype == "float16" ? DType::float16
+                                                   : DType::float32;
   options.config.dtype = dtype;
   if (options.weights.empty()) return std::make_unique<models::DiT>(options.config, device);
   auto given = [&](const char* name) { return options.app != nullptr && options.app->count(name) > 0; };

@@ -5,6 +5,8 @@
 //   float f = h.to_float();
 #pragma once
 
+#include "retrace/round_to_odd.hpp"
+
 #include <bit>
 #include <cstdint>
 
@@ -25,6 +27,10 @@ struct bfloat16 {
     }
     const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
     return from_bits(static_cast<std::uint16_t>((u + rounding) >> 16));
+  }
+  // Rounds a double once (to nearest even), not through float.
+  [[nodiscard]] static constexpr bfloat16 from_double(double d) noexcept {
+    return from_float(detail::round_to_odd(d));
   }
   [[nodiscard]] constexpr float to_float() const noexcept {
     return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);

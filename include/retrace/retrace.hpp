@@ -5,6 +5,7 @@
 #include "retrace/cpu.hpp"
 #include "retrace/device.hpp"
 #include "retrace/error.hpp"
+#include "retrace/float16.hpp"
 #include "retrace/log.hpp"
 #include "retrace/mesh.hpp"
 #include "retrace/ops.hpp"

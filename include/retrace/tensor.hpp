@@ -9,6 +9,7 @@
 #pragma once
 
 #include "retrace/bfloat16.hpp"
+#include "retrace/float16.hpp"
 #include "retrace/device.hpp"
 #include "retrace/shape.hpp"
 #include "retrace/types.hpp"
@@ -25,7 +26,8 @@ namespace retrace {
 // Host element types a tensor can be made from or read into.
 template <class T>
 concept HostElement = std::same_as<T, float> || std::same_as<T, double> ||
-                      std::same_as<T, bfloat16> || std::same_as<T, std::int32_t> ||
+                      std::same_as<T, bfloat16> || std::same_as<T, float16> ||
+                      std::same_as<T, std::int32_t> ||
                       std::same_as<T, std::uint32_t> || std::same_as<T, std::uint8_t>;
 
 // Bytes a tensor of this shape, dtype and layout occupies (tile layout pads the last two dims).
@@ -37,7 +39,8 @@ class Tensor {
  public:
   Tensor() = default;  // null
 
-  // Host tensor from values (converted to dtype: float -> bfloat16 rounds to nearest even).
+  // Host tensor from values (converted to dtype: to bfloat16 and float16 rounds to nearest even,
+  // once, from double values too).
   template <HostElement T>
   [[nodiscard]] static Tensor from_vector(std::span<const T> values, const Shape& shape,
                                           DType dtype, Layout layout = Layout::row_major);

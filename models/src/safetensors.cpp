@@ -26,29 +26,13 @@ struct FileType {
 };
 constexpr FileType kTypes[] = {{"F32", DType::float32, 4}, {"BF16", DType::bfloat16, 2},
                                {"I32", DType::int32, 4},   {"U32", DType::uint32, 4},
-                               {"U8", DType::uint8, 1},    {"F16", DType::float32, 2}};
+                               {"U8", DType::uint8, 1},    {"F16", DType::float16, 2}};
 
 const FileType* find_type(std::string_view name) {
   for (const FileType& t : kTypes) {
     if (name == t.name) return &t;
   }
   return nullptr;
-}
-
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = (h & 0x8000u) << 16;
-  std::uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent == 0) {
-    if (mantissa == 0) return std::bit_cast<float>(sign);
-    while ((mantissa & 0x400u) == 0) {  // normalise a subnormal
-      mantissa <<= 1;
-      --exponent;
-    }
-    ++exponent;
-    mantissa &= 0x3ffu;
-  }
-  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
 // The file mapped copy-on-write: writes through a host tensor never reach the file.
@@ -232,15 +216,6 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, const s
 
 Tensor SafetensorsFile::host_tensor(const SafetensorsEntry& entry) const {
   const std::byte* src = entry.bytes.data();
-  if (entry.file_dtype == "F16") {
-    std::vector<float> values(static_cast<std::size_t>(entry.shape.numel()));
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      std::uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      values[i] = half_to_float(h);
-    }
-    return Tensor::from_vector<float>(values, entry.shape, DType::float32);
-  }
   const bool aligned = reinterpret_cast<std::uintptr_t>(src) % dtype_size(entry.dtype) == 0;
   if (storage_ != nullptr && aligned && !entry.bytes.empty()) {
     // A view: shares ownership of the mapping.

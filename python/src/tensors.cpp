@@ -51,6 +51,7 @@ std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype d) {
   const auto code = static_cast<Code>(d.code);
   if (code == Code::Float && d.bits == 32) return DType::float32;
   if (code == Code::Bfloat && d.bits == 16) return DType::bfloat16;
+  if (code == Code::Float && d.bits == 16) return DType::float16;
   if (code == Code::Int && d.bits == 32) return DType::int32;
   if (code == Code::UInt && d.bits == 32) return DType::uint32;
   if (code == Code::UInt && d.bits == 8) return DType::uint8;
@@ -63,6 +64,8 @@ nb::dlpack::dtype dlpack_from_dtype(DType dtype) {
     case DType::float32: return nb::dtype<float>();
     case DType::bfloat16:
       return nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    case DType::float16:
+      return nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
     case DType::int32: return nb::dtype<std::int32_t>();
     case DType::uint32: return nb::dtype<std::uint32_t>();
     case DType::uint8: return nb::dtype<std::uint8_t>();
@@ -126,6 +129,15 @@ Tensor tensor_from(std::vector<T> values, const Shape& shape, DType dtype) {
   return Tensor::from_vector<T>(values, shape, dtype);
 }
 
+// A 16-bit float array's elements, bits unchanged.
+template <class Half>
+std::vector<Half> gather_bits(const Array& a) {
+  auto raw = gather<std::uint16_t, std::uint16_t>(a);
+  std::vector<Half> values(raw.size());
+  std::memcpy(values.data(), raw.data(), raw.size() * sizeof(std::uint16_t));
+  return values;
+}
+
 Tensor convert_array(const Array& a, const Shape& shape, std::optional<DType> wanted,
                      std::string_view what) {
   using Code = nb::dlpack::dtype_code;
@@ -135,12 +147,8 @@ Tensor convert_array(const Array& a, const Shape& shape, std::optional<DType> wa
     const DType target = wanted.value_or(*native);
     switch (*native) {
       case DType::float32: return tensor_from(gather<float, float>(a), shape, target);
-      case DType::bfloat16: {
-        auto raw = gather<std::uint16_t, std::uint16_t>(a);
-        std::vector<bfloat16> values(raw.size());
-        std::memcpy(values.data(), raw.data(), raw.size() * sizeof(std::uint16_t));
-        return tensor_from(std::move(values), shape, target);
-      }
+      case DType::bfloat16: return tensor_from(gather_bits<bfloat16>(a), shape, target);
+      case DType::float16: return tensor_from(gather_bits<float16>(a), shape, target);
       case DType::int32: return tensor_from(gather<std::int32_t, std::int32_t>(a), shape, target);
       case DType::uint32:
         return tensor_from(gather<std::uint32_t, std::uint32_t>(a), shape, target);
@@ -326,8 +334,8 @@ DType parse_dtype(nb::handle spec) {
   for (const auto& info : kDTypeTable) {
     if (info.name == name) return info.dtype;
   }
-  RETRACE_FAIL(invalid_argument, "unknown dtype {} (retrace dtypes: float32, bfloat16, int32, "
-               "uint32, uint8)", nb::cast<std::string>(nb::repr(spec)));
+  RETRACE_FAIL(invalid_argument, "unknown dtype {} (retrace dtypes: float32, bfloat16, float16, "
+               "int32, uint32, uint8, bool)", nb::cast<std::string>(nb::repr(spec)));
 }
 
 std::optional<DType> parse_optional_dtype(nb::handle spec) {
@@ -404,6 +412,7 @@ void bind_tensors(nb::module_& m) {
   nb::enum_<DType>(m, "DType", "Element types of retrace tensors.")
       .value("float32", DType::float32)
       .value("bfloat16", DType::bfloat16)
+      .value("float16", DType::float16)
       .value("int32", DType::int32)
       .value("uint32", DType::uint32)
       .value("uint8", DType::uint8)

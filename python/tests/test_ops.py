@@ -203,7 +203,7 @@ def test_random_draws(device):
     np.testing.assert_array_equal(out.numpy(), z.numpy())
     gen.manual_seed(8)
     assert gen.offset == 0 and gen.seed == 8
-    with pytest.raises(retrace.InvalidArgument, match="randn: dtype must be float32 or bfloat16"):
+    with pytest.raises(retrace.InvalidArgument, match="randn: dtype must be float32, bfloat16 or float16"):
         ops.randn((3,), generator=gen, dtype="int32")
 
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "retrace/bfloat16.hpp"
+#include "retrace/float16.hpp"
 #include "retrace/device.hpp"
 #include "retrace/kernels.hpp"
 
@@ -53,6 +54,16 @@ struct CollectiveSum<bfloat16> {
     static_cast<bfloat16*>(p)[i] = bfloat16::from_float(v);
   }
 };
+template <>
+struct CollectiveSum<float16> {
+  using acc = float;
+  static acc load(const void* p, std::int64_t i) {
+    return static_cast<const float16*>(p)[i].to_float();
+  }
+  static void store(void* p, std::int64_t i, acc v) {
+    static_cast<float16*>(p)[i] = float16::from_float(v);
+  }
+};
 template <class U>
 struct CollectiveSumUnsigned {
   using acc = std::uint32_t;
@@ -80,6 +91,7 @@ decltype(auto) with_collective_dtype(DType dtype, F&& f) {
   switch (dtype) {
     case DType::float32: return f(float{});
     case DType::bfloat16: return f(bfloat16{});
+    case DType::float16: return f(float16{});
     case DType::int32: return f(std::int32_t{});
     case DType::uint32: return f(std::uint32_t{});
     case DType::uint8:

@@ -59,8 +59,11 @@ void for_each_element(const Shape& shape, Layout layout, Visit visit) {
 }
 
 template <class T>
+constexpr bool kHalfFloat = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+template <class T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
+  if constexpr (kHalfFloat<T>) {
     return v.to_float();
   } else {
     return static_cast<double>(v);
@@ -69,8 +72,8 @@ double to_double(T v) {
 
 template <class T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    return bfloat16::from_float(static_cast<float>(v));
+  if constexpr (kHalfFloat<T>) {
+    return T::from_double(v);
   } else {
     return static_cast<T>(v);
   }
@@ -81,8 +84,8 @@ template <class T, class S>
 S convert(T v) {
   if constexpr (std::is_same_v<T, S>) {
     return v;
-  } else if constexpr (std::is_same_v<S, bfloat16> && std::is_same_v<T, float>) {
-    return bfloat16::from_float(v);
+  } else if constexpr (kHalfFloat<S> && std::is_same_v<T, float>) {
+    return S::from_float(v);
   } else {
     return from_double<S>(to_double(v));
   }
@@ -266,6 +269,7 @@ std::string Tensor::to_string() const {
 RETRACE_INSTANTIATE(float)
 RETRACE_INSTANTIATE(double)
 RETRACE_INSTANTIATE(bfloat16)
+RETRACE_INSTANTIATE(float16)
 RETRACE_INSTANTIATE(std::int32_t)
 RETRACE_INSTANTIATE(std::uint32_t)
 RETRACE_INSTANTIATE(std::uint8_t)

@@ -4,6 +4,8 @@
 
 #include "core/apply_binary.hpp"
 #include "retrace/bfloat16.hpp"
+#include "retrace/float16.hpp"
+#include "retrace/round_to_odd.hpp"
 #include "retrace/kernels.hpp"
 
 #include <algorithm>
@@ -15,7 +17,8 @@
 
 namespace retrace::cpu {
 
-// Element access in the arithmetic type of each storage type (bfloat16 computes in float).
+// Element access in the arithmetic type of each storage type (bfloat16 and float16 compute in
+// float).
 template <class T>
 struct Elem {
   using compute = T;
@@ -27,6 +30,12 @@ struct Elem<bfloat16> {
   using compute = float;
   static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
   static void store(bfloat16* p, std::int64_t i, float v) { p[i] = bfloat16::from_float(v); }
+};
+template <>
+struct Elem<float16> {
+  using compute = float;
+  static float load(const float16* p, std::int64_t i) { return p[i].to_float(); }
+  static void store(float16* p, std::int64_t i, float v) { p[i] = float16::from_float(v); }
 };
 
 // exp for float in a form the compiler vectorises (no libm call): range reduction to
@@ -140,11 +149,6 @@ inline void softmax_row(const float* in, float* out, std::int64_t n) {
   for (; i < n; ++i) sum += (out[i] = vector_exp(in[i] - max));
   const float inv = 1.0f / sum;
   for (i = 0; i < n; ++i) out[i] *= inv;
-}
-
-template <class T>
-void fill_loop(T* out, std::int64_t n, typename Elem<T>::compute value) {
-  for (std::int64_t i = 0; i < n; ++i) Elem<T>::store(out, i, value);
 }
 
 template <BinaryOp op, class T>

@@ -21,7 +21,7 @@ namespace {
 template <class T>
 void fill_kernel(const std::byte* raw) {
   const auto& p = params_as<FillParams>(raw);
-  fill_loop<T>(static_cast<T*>(p.out), p.count, static_cast<typename Elem<T>::compute>(p.value));
+  std::fill_n(static_cast<T*>(p.out), p.count, retrace::detail::narrow_from_double<T>(p.value));
 }
 
 template <class T>
@@ -38,8 +38,7 @@ void arange_kernel(const std::byte* raw) {
     }
   } else {
     for (std::int64_t i = 0; i < p.count; ++i) {
-      Elem<T>::store(out, i, static_cast<typename Elem<T>::compute>(
-                                 p.value + static_cast<double>(i) * p.step));
+      out[i] = retrace::detail::narrow_from_double<T>(p.value + static_cast<double>(i) * p.step);
     }
   }
 }
@@ -111,6 +110,9 @@ KernelFn resolve(const RandomParams& p) {
     case DType::bfloat16:
       return normal ? &random_kernel<bfloat16, RandomDist::normal>
                     : &random_kernel<bfloat16, RandomDist::uniform>;
+    case DType::float16:
+      return normal ? &random_kernel<float16, RandomDist::normal>
+                    : &random_kernel<float16, RandomDist::uniform>;
     default: break;
   }
   RETRACE_FAIL(unimplemented, "the CPU device has no random kernel for {}", p.dtype);
@@ -123,6 +125,7 @@ KernelFn resolve(const AssertFiniteParams& p) {
   switch (p.dtype) {
     case DType::float32: return &assert_finite_kernel<float>;
     case DType::bfloat16: return &assert_finite_kernel<bfloat16>;
+    case DType::float16: return &assert_finite_kernel<float16>;
     default:
       RETRACE_FAIL(invalid_argument, "assert_finite: dtype {} is not a floating point type",
                    p.dtype);

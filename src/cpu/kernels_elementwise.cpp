@@ -135,6 +135,7 @@ KernelFn compare_for_dtype(DType dtype) {
   switch (dtype) {
     case DType::float32: return [](const std::byte* p) { compare_kernel<op, float>(p); };
     case DType::bfloat16: return [](const std::byte* p) { compare_kernel<op, bfloat16>(p); };
+    case DType::float16: return [](const std::byte* p) { compare_kernel<op, float16>(p); };
     case DType::int32: return [](const std::byte* p) { compare_kernel<op, std::int32_t>(p); };
     case DType::uint32: return [](const std::byte* p) { compare_kernel<op, std::uint32_t>(p); };
     case DType::uint8:
@@ -150,6 +151,8 @@ KernelFn binary_for_dtype(DType dtype) {
       return &K<op, float>::run;
     case DType::bfloat16:
       return &K<op, bfloat16>::run;
+    case DType::float16:
+      return &K<op, float16>::run;
     case DType::int32:
       return &K<op, std::int32_t>::run;
     case DType::uint32:
@@ -198,6 +201,8 @@ KernelFn unary_for_dtype(DType dtype) {
       return [](const std::byte* p) { unary_kernel<op, float>(p); };
     case DType::bfloat16:
       return [](const std::byte* p) { unary_kernel<op, bfloat16>(p); };
+    case DType::float16:
+      return [](const std::byte* p) { unary_kernel<op, float16>(p); };
     default:
       break;
   }

@@ -42,12 +42,13 @@ void row_offsets(std::int64_t row, const std::int64_t* shape, int last,
   }
 }
 
-// The float32 or bfloat16 instantiation K<T>::run for p.dtype.
+// The float32, bfloat16 or float16 instantiation K<T>::run for p.dtype.
 template <template <class> class K, class P>
 KernelFn float_kernel(const P& p, std::string_view what) {
   switch (p.dtype) {
     case DType::float32: return [](const std::byte* raw) { K<float>::run(raw); };
     case DType::bfloat16: return [](const std::byte* raw) { K<bfloat16>::run(raw); };
+    case DType::float16: return [](const std::byte* raw) { K<float16>::run(raw); };
     default: break;
   }
   RETRACE_FAIL(unimplemented, "the CPU device has no {} kernel for {}", what, p.dtype);

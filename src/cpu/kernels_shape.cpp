@@ -50,8 +50,10 @@ void typecast_kernel(const std::byte* raw) {
         continue;
       }
     }
-    if constexpr (std::is_same_v<To, bfloat16>) {
-      dst[i] = bfloat16::from_float(static_cast<float>(v));
+    if constexpr (std::is_same_v<To, bfloat16> || std::is_same_v<To, float16>) {
+      // From an integer through double (exact for 32 bits): one rounding, not two.
+      dst[i] = std::is_integral_v<decltype(v)> ? To::from_double(static_cast<double>(v))
+                                               : To::from_float(static_cast<float>(v));
     } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<decltype(v)>) {
       dst[i] = retrace::detail::float_to_int<To>(v);  // NaN 0, saturating: never undefined
     } else {

@@ -1,9 +1,11 @@
-// Shared by the CUDA kernel files: element access (bfloat16 computed in float), the
+// Shared by the CUDA kernel files: element access (bfloat16 and float16 computed in float), the
 // skip-after-failure check and launch geometry.
 #pragma once
 
 #include "cuda/launch.hpp"
 #include "retrace/bfloat16.hpp"
+#include "retrace/float16.hpp"
+#include "retrace/round_to_odd.hpp"
 #include "retrace/dtype_dispatch.hpp"
 
 #include <cuda_runtime.h>
@@ -27,6 +29,15 @@ struct Elem<bfloat16> {
   __device__ static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
   __device__ static void store(bfloat16* p, std::int64_t i, float v) {
     p[i] = bfloat16::from_float(v);
+  }
+};
+// float16 likewise (retrace::float16, not CUDA's __half: the same rounding code on both devices).
+template <>
+struct Elem<float16> {
+  using compute = float;
+  __device__ static float load(const float16* p, std::int64_t i) { return p[i].to_float(); }
+  __device__ static void store(float16* p, std::int64_t i, float v) {
+    p[i] = float16::from_float(v);
   }
 };
 

@@ -14,7 +14,11 @@ namespace {
 constexpr std::size_t kAttentionScratchLimit = std::size_t{64} << 20;
 
 cudaDataType_t blas_type(DType dtype) {
-  return dtype == DType::bfloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  switch (dtype) {
+    case DType::bfloat16: return CUDA_R_16BF;
+    case DType::float16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
 }
 
 // Runs one planned call on p's operands (element size es, types as given).
@@ -93,7 +97,7 @@ cudaError_t launch_bias_rows(const void* bias, void* out, std::int64_t rows, std
                              DType dtype, const LaunchContext& ctx) {
   const std::int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  if (dtype == DType::bfloat16) {
+  if (dtype_size(dtype) == 2) {  // bfloat16, float16: the bits are copied
     bias_rows_kernel<std::uint16_t><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
         ctx.record, static_cast<const std::uint16_t*>(bias), static_cast<std::uint16_t*>(out), n,
         cols);
@@ -149,6 +153,11 @@ cudaError_t launch_attention_softmax(const AttentionParams& p, std::int64_t bh0,
   if (p.dtype == DType::bfloat16) {
     attention_softmax_kernel<bfloat16><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
         ctx.record, scores, static_cast<bfloat16*>(probs), static_cast<const bfloat16*>(p.mask),
+        bh0, p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride,
+        p.mask_row_stride, p.causal);
+  } else if (p.dtype == DType::float16) {
+    attention_softmax_kernel<float16><<<rows, row_threads(p.sk), 0, ctx.stream>>>(
+        ctx.record, scores, static_cast<float16*>(probs), static_cast<const float16*>(p.mask),
         bh0, p.heads, p.sq, p.sk, p.mask_batch_stride, p.mask_head_stride,
         p.mask_row_stride, p.causal);
   } else {

@@ -26,7 +26,7 @@ cudaError_t launch_attention(const AttentionParams& p, const LaunchContext& ctx,
                              cublasStatus_t* blas_status);
 std::size_t attention_scratch_bytes(const AttentionParams& p) noexcept;
 
-// out[r, j] = bias[j] for rows r < rows (the matmul's beta = 1 input), T = float32 or bfloat16.
+// out[r, j] = bias[j] for rows r < rows (the matmul's beta = 1 input), T = float32, bfloat16 or float16.
 cudaError_t launch_bias_rows(const void* bias, void* out, std::int64_t rows, std::int64_t cols,
                              DType dtype, const LaunchContext& ctx);
 // The fused mask + softmax of attention: in place on float rows of `sk`, written to `probs`

@@ -52,11 +52,10 @@ __device__ inline float apply_unary(float x) {
 }
 
 template <class T>
-__global__ void fill_kernel(const FailureRecord* record, T* out, std::int64_t n,
-                            typename Elem<T>::compute value) {
+__global__ void fill_kernel(const FailureRecord* record, T* out, std::int64_t n, T value) {
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
-    Elem<T>::store(out, i, value);
+    out[i] = value;
   }
 }
 
@@ -71,8 +70,7 @@ __global__ void arange_kernel(const FailureRecord* record, T* out, std::int64_t 
                          static_cast<unsigned long long>(static_cast<long long>(step));
       out[i] = static_cast<T>(v);
     } else {
-      Elem<T>::store(out, i,
-                     static_cast<typename Elem<T>::compute>(start + static_cast<double>(i) * step));
+      out[i] = retrace::detail::narrow_from_double<T>(start + static_cast<double>(i) * step);
     }
   }
 }
@@ -260,8 +258,10 @@ __global__ void typecast_kernel(const FailureRecord* record, const From* src, To
         continue;
       }
     }
-    if constexpr (std::is_same_v<To, bfloat16>) {
-      Elem<To>::store(dst, i, static_cast<float>(v));
+    if constexpr (std::is_same_v<To, bfloat16> || std::is_same_v<To, float16>) {
+      // From an integer through double (exact for 32 bits): one rounding, not two.
+      dst[i] = std::is_integral_v<decltype(v)> ? To::from_double(static_cast<double>(v))
+                                               : To::from_float(static_cast<float>(v));
     } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<decltype(v)>) {
       dst[i] = retrace::detail::float_to_int<To>(v);  // NaN 0, saturating: never undefined
     } else {
@@ -432,8 +432,7 @@ cudaError_t launch_fill(const FillParams& p, const LaunchContext& ctx) {
       return cudaGetLastError();
     }
     fill_kernel<T><<<blocks_for(p.count), kThreads, 0, ctx.stream>>>(
-        ctx.record, static_cast<T*>(p.out), p.count,
-        static_cast<typename Elem<T>::compute>(p.value));
+        ctx.record, static_cast<T*>(p.out), p.count, retrace::detail::narrow_from_double<T>(p.value));
     return cudaGetLastError();
   });
 }
@@ -497,6 +496,15 @@ cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx) {
         random_kernel<bfloat16, RandomDist::uniform>
             <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
       }
+    } else if (p.dtype == DType::float16) {
+      auto* out = static_cast<float16*>(p.out);
+      if (normal) {
+        random_kernel<float16, RandomDist::normal>
+            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
+      } else {
+        random_kernel<float16, RandomDist::uniform>
+            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
+      }
     } else {
       return cudaErrorInvalidValue;
     }
@@ -540,6 +548,9 @@ cudaError_t launch_unary(const UnaryParams& p, const LaunchContext& ctx) {
       break;
     case DType::bfloat16:
       launch_unary_typed<bfloat16>(p.op, p, ctx);
+      break;
+    case DType::float16:
+      launch_unary_typed<float16>(p.op, p, ctx);
       break;
     default:
       return cudaErrorInvalidValue;

@@ -172,6 +172,9 @@ cudaError_t with_float(DType dtype, F&& f) {
     case DType::bfloat16:
       f(bfloat16{});
       break;
+    case DType::float16:
+      f(float16{});
+      break;
     default:
       return cudaErrorInvalidValue;
   }

@@ -11,7 +11,7 @@ const P& as(const void* params) {
 }
 
 bool is_float(DType dtype) {
-  return dtype == DType::float32 || dtype == DType::bfloat16;
+  return dtype_info(dtype).is_floating;
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 namespace retrace::ops {
 
 using detail::check_dtype_in;
+using detail::kFloatTypes;
 using detail::check_matches;
 using detail::data_of;
 using detail::device_of;
@@ -77,7 +78,7 @@ void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
 
 void assert_finite(const Tensor& tensor, QueueId queue) {
   Device& device = device_of(tensor, "assert_finite", "tensor");
-  check_dtype_in(tensor, "assert_finite", "tensor", {DType::float32, DType::bfloat16});
+  check_dtype_in(tensor, "assert_finite", "tensor", kFloatTypes);
   AssertFiniteParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
                             tensor.dtype()};
   Buffer* buffers[] = {tensor.buffer().get()};

@@ -33,7 +33,8 @@ IntegerRange integer_range(DType dtype) {
     case DType::uint8: return {0.0, 255.0};
     case DType::bool_: return {0.0, 1.0};
     case DType::float32:
-    case DType::bfloat16: break;
+    case DType::bfloat16:
+    case DType::float16: break;
   }
   RETRACE_FAIL(invalid_argument, "{} is not an integer dtype", dtype);
 }

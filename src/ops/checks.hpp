@@ -18,6 +18,13 @@ void check_matches(const Tensor& a, std::string_view a_name, const Tensor& b,
 void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view argument,
                     std::initializer_list<DType> allowed);
 
+// The floating-point dtypes: every op that computes in float takes them.
+inline constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16,
+                                                             DType::float16};
+// Elementwise arithmetic: the floats and the 32-bit integers.
+inline constexpr std::initializer_list<DType> kArithmeticTypes = {
+    DType::float32, DType::bfloat16, DType::float16, DType::int32, DType::uint32};
+
 // The values an integer dtype holds, [lo, hi] (as doubles: every bound is exact).
 struct IntegerRange {
   double lo, hi;

@@ -21,7 +21,7 @@ Shape make_shape(const std::vector<std::int64_t>& dims) {
 }
 
 void check_image_dtype(const Tensor& t, std::string_view op, std::string_view argument) {
-  check_dtype_in(t, op, argument, {DType::float32, DType::bfloat16});
+  check_dtype_in(t, op, argument, kFloatTypes);
 }
 
 }  // namespace
@@ -36,7 +36,7 @@ Tensor pad(const Tensor& a, std::span<const std::int64_t> pads, double value, Qu
                 "pad: {} padding values for a tensor of rank {} (give (before, after) pairs, "
                 "last dimension first, for at most {} dimensions)",
                 pads.size(), rank, rank);
-  if (a.dtype() != DType::float32 && a.dtype() != DType::bfloat16) {
+  if (!dtype_info(a.dtype()).is_floating) {
     check_integer_scalar(a.dtype(), value, op, "pad an integer tensor with a whole number");
   }
   std::vector<std::int64_t> dims(a.shape().dims().begin(), a.shape().dims().end());

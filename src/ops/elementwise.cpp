@@ -11,9 +11,6 @@ using namespace detail;
 
 namespace {
 
-constexpr std::initializer_list<DType> kArithmeticTypes = {DType::float32, DType::bfloat16,
-                                                           DType::int32, DType::uint32};
-constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
 
 Shape broadcast_shape(const Tensor& a, const Tensor& b, std::string_view op) {
   const std::size_t rank = std::max(a.shape().rank(), b.shape().rank());

@@ -12,7 +12,6 @@ using namespace detail;
 
 namespace {
 
-constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
 
 void check_pair(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
                 std::string_view op) {

@@ -9,6 +9,7 @@
 namespace retrace {
 
 using ops::detail::check_dtype_in;
+using ops::detail::kFloatTypes;
 using ops::detail::data_of;
 using ops::detail::device_of;
 
@@ -56,7 +57,7 @@ void draw(const char* op, Generator& gen, const Tensor& out, RandomDist dist, Qu
   Device& home = device_of(gen.state(), op, "generator");
   RETRACE_CHECK(&device == &home, invalid_argument,
                 "{}: out is on {} but the generator on {}", op, device.name(), home.name());
-  check_dtype_in(out, op, "out", {DType::float32, DType::bfloat16});
+  check_dtype_in(out, op, "out", kFloatTypes);
   RETRACE_CHECK(out.layout() == Layout::row_major, invalid_argument,
                 "{}: out must be row-major, got {}", op, out.layout());
   // An empty draw still advances the generator, so the offsets do not depend on shapes. A
@@ -69,8 +70,8 @@ void draw(const char* op, Generator& gen, const Tensor& out, RandomDist dist, Qu
 
 Tensor draw_new(const char* op, const Shape& shape, Generator& gen, DType dtype,
                 RandomDist dist, QueueId queue) {
-  RETRACE_CHECK(dtype == DType::float32 || dtype == DType::bfloat16, invalid_argument,
-                "{}: dtype must be float32 or bfloat16, got {}", op, dtype);
+  RETRACE_CHECK(dtype_info(dtype).is_floating, invalid_argument,
+                "{}: dtype must be float32, bfloat16 or float16, got {}", op, dtype);
   Tensor out = Tensor::empty(shape, dtype, device_of(gen.state(), op, "generator"));
   draw(op, gen, out, dist, queue);
   return out;

@@ -8,7 +8,6 @@ using namespace detail;
 
 namespace {
 
-constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16};
 
 struct Rows {
   std::int64_t rows;
@@ -213,7 +212,7 @@ Tensor min(const Tensor& a, std::int64_t dim, KeepDim keepdim, QueueId queue) {
 
 Tensor var(const Tensor& a, std::int64_t dim, double correction, KeepDim keepdim, QueueId queue) {
   device_of(a, "var", "a");
-  check_dtype_in(a, "var", "a", {DType::float32, DType::bfloat16});
+  check_dtype_in(a, "var", "a", kFloatTypes);
   RETRACE_CHECK(std::isfinite(correction) && correction >= 0.0, invalid_argument,
                 "var: correction must be finite and not negative, got {}", correction);
   RETRACE_CHECK(a.shape().rank() >= 1, invalid_argument, "var: a needs rank 1 or more, got {}",
@@ -230,7 +229,7 @@ Tensor std(const Tensor& a, std::int64_t dim, double correction, KeepDim keepdim
 
 Tensor log_softmax(const Tensor& a, std::int64_t dim, QueueId queue) {
   device_of(a, "log_softmax", "a");
-  check_dtype_in(a, "log_softmax", "a", {DType::float32, DType::bfloat16});
+  check_dtype_in(a, "log_softmax", "a", kFloatTypes);
   const Tensor shifted = sub(a, max(a, dim, KeepDim::yes, queue), queue);
   return sub(shifted, log(sum(exp(shifted, queue), dim, KeepDim::yes, queue), queue), queue);
 }

@@ -57,7 +57,7 @@ TEST_P(DeviceConformance, CaptureRecordsAndReplayExecutes) {
 
 TEST_P(DeviceConformance, ReplayEqualsEagerBitForBit) {
   const auto values = random_floats(1000, 5, -3.0f, 3.0f);
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
     Tensor x = device_tensor(device(), values, {10, 100}, dtype);
     auto step = [](const Tensor& in) {
       Tensor t = ops::mul(in, in);

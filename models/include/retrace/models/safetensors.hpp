@@ -29,7 +29,7 @@ namespace retrace::models {
 // The largest header the reader accepts (the format's own limit).
 inline constexpr std::size_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
-// One tensor of a file: F32, BF16, I32, U32 and U8 keep their dtype; F16 becomes float32.
+// One tensor of a file: F32, BF16, F16, I32, U32 and U8 keep their dtype (F16 is float16).
 struct SafetensorsEntry {
   std::string name;
   std::string file_dtype;            // "F32", "F16", ...
