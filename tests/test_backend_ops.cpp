@@ -87,6 +87,17 @@ std::vector<OpCase> op_cases() {
       {"arange", {{1}},
        [](const T& x) { return ops::arange(-1.5, 7.0, 0.125, *x[0].device(), x[0].dtype()); }, 0},
       {"to_layout", {{37, 45}}, [](const T& x) { return ops::to_layout(x[0], Layout::tile); }, 0},
+      {"embedding", {{9, 7}},
+       [](const T& x) {
+         return ops::embedding(x[0], ops::arange(8, -1, -2, *x[0].device(), DType::int32));
+       },
+       0},
+      {"gather", {{6, 5}},
+       [](const T& x) {
+         const Tensor idx = ops::reshape(ops::arange(0, 12, 1, *x[0].device(), DType::int32), {4, 3});
+         return ops::gather(x[0], 0, ops::sub(ops::mul(idx, 7), ops::mul(ops::div(ops::mul(idx, 7), 6), 6)));
+       },
+       0},
   };
 }
 

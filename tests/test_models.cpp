@@ -599,7 +599,7 @@ TEST_F(SafetensorsTest, ReadsHalfAndBFloat16) {
   out.write(reinterpret_cast<const char*>(data), sizeof data);
   out.close();
   const auto t = models::read_safetensors(p);
-  EXPECT_EQ(t.at("h").dtype(), DType::float32);
+  EXPECT_EQ(t.at("h").dtype(), DType::float16);
   EXPECT_EQ(t.at("h").to_vector<float>(), (std::vector<float>{1.0f, -2.0f}));
   EXPECT_EQ(t.at("b").dtype(), DType::bfloat16);
   EXPECT_EQ(t.at("b").to_vector<float>(), (std::vector<float>{1.5f}));

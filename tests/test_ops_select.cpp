@@ -289,5 +289,170 @@ TEST_F(OpSelectTest, TracedEqualsEager) {
   EXPECT_EQ(tracer.stats().replays, 1u);
 }
 
+// --- embedding, index_select, gather ------------------------------------------------------------
+
+Tensor int_tensor(Device& device, const std::vector<std::int32_t>& values, const Shape& shape) {
+  return Tensor::from_vector<std::int32_t>(values, shape, DType::int32).to_device(device);
+}
+
+// Distinct values per element (0, 1, 2, ...), exact in every dtype up to 256 elements.
+Tensor counting(Device& device, const Shape& shape, DType dtype) {
+  std::vector<float> v(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 256);
+  return ops::typecast(device_tensor(device, v, shape), dtype);
+}
+
+std::vector<double> values_of(const Tensor& t) {
+  const std::vector<float> f = ops::typecast(t, DType::float32).to_vector<float>();
+  return {f.begin(), f.end()};
+}
+
+TEST_F(OpSelectTest, EmbeddingTakesRowsOfTheTable) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16, DType::int32,
+                      DType::uint8, DType::bool_}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor table = dtype == DType::bool_
+                             ? ops::gt(counting(device(), {6, 3}, DType::float32), 8.0)
+                             : counting(device(), {6, 3}, dtype);
+    const std::vector<double> t = values_of(table);
+    for (const Shape& shape : {Shape{}, Shape{5}, Shape{2, 3}, Shape{0}, Shape{1, 1, 2}}) {
+      std::vector<std::int32_t> idx(static_cast<std::size_t>(shape.numel()));
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>((i * 5 + 1) % 6);
+      const Tensor out = ops::embedding(table, int_tensor(device(), idx, shape));
+      std::vector<std::int64_t> want_shape(shape.dims().begin(), shape.dims().end());
+      want_shape.push_back(3);
+      ASSERT_EQ(out.shape(), Shape(std::span<const std::int64_t>(want_shape)));
+      ASSERT_EQ(out.dtype(), table.dtype());
+      std::vector<double> want;
+      for (std::int32_t r : idx) {
+        for (int c = 0; c < 3; ++c) want.push_back(t[static_cast<std::size_t>(r * 3 + c)]);
+      }
+      EXPECT_EQ(values_of(out), want) << fmt::format("{}", shape);
+    }
+  }
+}
+
+TEST_F(OpSelectTest, IndexSelectAndGatherAlongEveryDimension) {
+  const Shape shape{3, 4, 5};
+  const Tensor a = counting(device(), shape, DType::float32);
+  const std::vector<double> av = values_of(a);
+  auto at = [&](std::int64_t i, std::int64_t j, std::int64_t k) {
+    return av[static_cast<std::size_t>((i * 4 + j) * 5 + k)];
+  };
+  for (std::int64_t dim = -3; dim < 3; ++dim) {
+    const std::int64_t d = dim < 0 ? dim + 3 : dim;
+    SCOPED_TRACE(fmt::format("dim {}", dim));
+    // index_select: repeated and reordered indices, and an empty index.
+    const std::vector<std::int32_t> pick{2, 0, 2, 1};
+    const Tensor sel = ops::index_select(a, dim, int_tensor(device(), pick, {4}));
+    std::vector<std::int64_t> dims{3, 4, 5};
+    dims[static_cast<std::size_t>(d)] = 4;
+    ASSERT_EQ(sel.shape(), Shape(std::span<const std::int64_t>(dims)));
+    std::vector<double> want;
+    for (std::int64_t i = 0; i < dims[0]; ++i) {
+      for (std::int64_t j = 0; j < dims[1]; ++j) {
+        for (std::int64_t k = 0; k < dims[2]; ++k) {
+          std::int64_t ix[3] = {i, j, k};
+          ix[d] = pick[static_cast<std::size_t>(ix[d])];
+          want.push_back(at(ix[0], ix[1], ix[2]));
+        }
+      }
+    }
+    EXPECT_EQ(values_of(sel), want);
+    dims[static_cast<std::size_t>(d)] = 0;
+    EXPECT_EQ(ops::index_select(a, dim, int_tensor(device(), {}, {0})).shape(),
+              Shape(std::span<const std::int64_t>(dims)));
+    // gather: an index smaller than a in the other dimensions, larger along dim.
+    std::vector<std::int64_t> ishape{2, 3, 4};
+    ishape[static_cast<std::size_t>(d)] = 6;
+    const Shape is{std::span<const std::int64_t>(ishape)};
+    std::vector<std::int32_t> idx(static_cast<std::size_t>(is.numel()));
+    for (std::size_t n = 0; n < idx.size(); ++n) {
+      idx[n] = static_cast<std::int32_t>((n * 7 + 3) % static_cast<std::size_t>(shape[static_cast<std::size_t>(d)]));
+    }
+    const Tensor g = ops::gather(a, dim, int_tensor(device(), idx, is));
+    ASSERT_EQ(g.shape(), is);
+    want.clear();
+    std::size_t n = 0;
+    for (std::int64_t i = 0; i < ishape[0]; ++i) {
+      for (std::int64_t j = 0; j < ishape[1]; ++j) {
+        for (std::int64_t k = 0; k < ishape[2]; ++k, ++n) {
+          std::int64_t ix[3] = {i, j, k};
+          ix[d] = idx[n];
+          want.push_back(at(ix[0], ix[1], ix[2]));
+        }
+      }
+    }
+    EXPECT_EQ(values_of(g), want);
+  }
+  // Size-1 and empty tensors.
+  const Tensor one = counting(device(), {1, 1}, DType::float16);
+  EXPECT_EQ(values_of(ops::gather(one, 1, int_tensor(device(), {0, 0}, {1, 2}))),
+            (std::vector<double>{0.0, 0.0}));
+  EXPECT_EQ(ops::gather(a, 0, int_tensor(device(), {}, {0, 4, 5})).shape(), (Shape{0, 4, 5}));
+}
+
+TEST_F(OpSelectTest, IndexedReadsReplayWithNewIndices) {
+  const Tensor table = device_tensor(device(), testing::random_floats(40, 3), {10, 4});
+  auto f = [&](const Tensor& idx) {
+    return ops::add(ops::embedding(table, idx), ops::mul(ops::index_select(table, 0, idx), 2.0));
+  };
+  auto tracer = make_tracer(f, device());
+  (void)tracer(int_tensor(device(), {1, 2, 3, 4}, {4}));
+  const Tensor idx2 = int_tensor(device(), {9, 0, 9, 5}, {4});
+  const std::vector<float> replayed = tracer(idx2).to_vector<float>();
+  const std::vector<float> eager = f(idx2).to_vector<float>();
+  ASSERT_EQ(replayed.size(), eager.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(replayed[i]), std::bit_cast<std::uint32_t>(eager[i]));
+  }
+  EXPECT_EQ(tracer.stats().replays, 1u);
+}
+
+TEST_F(OpSelectTest, IndexErrorsNameTheOpAndTheArgument) {
+  const Tensor a = counting(device(), {4, 3}, DType::float32);
+  const Tensor idx = int_tensor(device(), {0, 1}, {2});
+  EXPECT_RETRACE_ERROR((void)ops::embedding(a, ops::typecast(idx, DType::float32)),
+                       invalid_argument, "embedding: index must be int32, got float32");
+  EXPECT_RETRACE_ERROR((void)ops::embedding(ops::reshape(a, {12}), idx), invalid_argument,
+                       "embedding: weight must be [num_embeddings, embedding_dim], got [12]");
+  EXPECT_RETRACE_ERROR((void)ops::index_select(a, 2, idx), invalid_argument, "index_select");
+  EXPECT_RETRACE_ERROR((void)ops::index_select(a, 0, ops::reshape(idx, {1, 2})),
+                       invalid_argument, "index_select: index must be one-dimensional");
+  EXPECT_RETRACE_ERROR((void)ops::gather(a, 0, idx), invalid_argument,
+                       "gather: index must have a's rank (2)");
+  EXPECT_RETRACE_ERROR((void)ops::gather(a, 0, int_tensor(device(), {0, 0, 0, 0}, {1, 4})),
+                       invalid_argument, "gather: index [1, 4] is larger than a [4, 3] along dimension 1");
+  EXPECT_RETRACE_ERROR((void)ops::embedding(ops::to_layout(a, Layout::tile), idx),
+                       invalid_argument, "embedding: weight must be row-major, got tile");
+  auto other = testing::open_test_device({.id = DeviceId{3}});
+  EXPECT_RETRACE_ERROR((void)ops::embedding(a, idx.to_device(*other)), invalid_argument,
+                       "embedding");
+}
+
+// An index outside the table fails the queue at the next synchronisation, naming the op, the
+// index element and its value; nothing is read out of bounds and the queue works afterwards.
+TEST_F(OpSelectTest, AnOutOfRangeIndexFailsTheQueueNamingIt) {
+  const Tensor table = counting(device(), {10, 4}, DType::float32);
+  for (std::int32_t bad : {10, -1, 2147483647}) {
+    SCOPED_TRACE(bad);
+    Tensor out = ops::embedding(table, int_tensor(device(), {3, 0, bad, 9}, {4}));
+    EXPECT_RETRACE_ERROR(device().synchronize(), device_error,
+                         fmt::format("op 'embedding' failed on queue 0 of {} (eager): index "
+                                     "element 2 is {}, outside [0, 10)",
+                                     device().name(), bad));
+    EXPECT_NO_THROW(device().synchronize());
+  }
+  // Inside a trace: each replay checks the indices it is given.
+  auto tracer = make_tracer([&](const Tensor& idx) { return ops::gather(table, 0, idx); },
+                            device());
+  (void)tracer(int_tensor(device(), {1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}));
+  EXPECT_RETRACE_ERROR((void)tracer(int_tensor(device(), {1, 2, 3, 4, 5, 6, 7, 12}, {2, 4})),
+                       device_error, "index element 7 is 12, outside [0, 10)");
+  device().synchronize();
+  const Tensor good = int_tensor(device(), {9, 9, 9, 9, 0, 0, 0, 0}, {2, 4});
+  EXPECT_EQ(tracer(good).to_vector<float>(), ops::gather(table, 0, good).to_vector<float>());
+}
+
 }  // namespace
 }  // namespace retrace

@@ -41,7 +41,8 @@ class Buffer;
   X(collective, CollectiveParams)       \
   X(random, RandomParams)               \
   X(compare, CompareParams)             \
-  X(where, WhereParams)
+  X(where, WhereParams)                 \
+  X(gather, GatherParams)
 
 enum class KernelId : std::uint16_t {
 #define RETRACE_KERNEL_ENUM(name, params) name,
@@ -189,6 +190,23 @@ struct StridedCopyParams {
   std::int64_t shape[kMaxKernelRank];
   std::int64_t src_strides[kMaxKernelRank];
   std::int64_t dst_strides[kMaxKernelRank];
+  std::int32_t rank;
+  std::int32_t elem_size;
+};
+
+// Indexed reads (embedding, index_select, gather): over `shape` (the output's, out contiguous),
+// out[idx] = src[idx . src_strides + index[idx . index_strides] * dim_stride], where index is
+// int32 and every index value must lie in [0, dim_size): otherwise the queue fails with a device
+// error naming the op, the element and the value (nothing is read out of bounds).
+struct GatherParams {
+  const void* src;
+  const std::int32_t* index;
+  void* out;
+  std::int64_t shape[kMaxKernelRank];
+  std::int64_t src_strides[kMaxKernelRank];  // 0 along the indexed dimension
+  std::int64_t index_strides[kMaxKernelRank];
+  std::int64_t dim_stride;  // src's stride along the indexed dimension
+  std::int64_t dim_size;
   std::int32_t rank;
   std::int32_t elem_size;
 };

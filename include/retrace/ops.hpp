@@ -104,7 +104,24 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
 [[nodiscard]] Tensor masked_fill(const Tensor& a, const Tensor& mask, double value,
                                  QueueId queue = kDefaultQueue);
 
-// Unary ops (float32, bfloat16).
+// Indexed reads, as torch's (any dtype; indices int32, each in [0, size of the indexed
+// dimension): a bad index fails the queue with a device_error naming the op, the index element
+// and its value, reported at the next synchronisation, as assert_finite's; negative indices are
+// not wrapped). Row-major tensors.
+//   embedding(weight [V, D], indices [...]) -> [..., D]: rows of a table (token or class
+//     embeddings), torch.nn.functional.embedding.
+//   index_select(a, dim, index [M]) -> a's shape with dimension dim of size M: torch.index_select.
+//   gather(a, dim, index) -> index's shape: out[i][j][k] = a[index[i][j][k]][j][k] for dim 0
+//     (likewise for the others), as torch.gather; index has a's rank and no larger extent than
+//     a's in the other dimensions.
+[[nodiscard]] Tensor embedding(const Tensor& weight, const Tensor& indices,
+                               QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor index_select(const Tensor& a, std::int64_t dim, const Tensor& index,
+                                  QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor gather(const Tensor& a, std::int64_t dim, const Tensor& index,
+                            QueueId queue = kDefaultQueue);
+
+// Unary ops (float32, bfloat16, float16).
 #define RETRACE_DECLARE_UNARY(name)                                                  \
   [[nodiscard]] Tensor name(const Tensor& a, QueueId queue = kDefaultQueue);         \
   void name(const Tensor& a, const Tensor& out, QueueId queue = kDefaultQueue);

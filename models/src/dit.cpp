@@ -80,8 +80,8 @@ void DiT::check_config() const {
                 c.hidden);
   RETRACE_CHECK(c.frequency_size % 2 == 0, invalid_argument,
                 "DiT: frequency_size ({}) must be even", c.frequency_size);
-  RETRACE_CHECK(c.dtype == DType::float32 || c.dtype == DType::bfloat16, invalid_argument,
-                "DiT: dtype must be float32 or bfloat16, got {}", c.dtype);
+  RETRACE_CHECK(dtype_info(c.dtype).is_floating, invalid_argument,
+                "DiT: dtype must be float32, bfloat16 or float16, got {}", c.dtype);
 }
 
 std::vector<float> sincos_positions(std::int64_t hidden, std::int64_t grid_h,

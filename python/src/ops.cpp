@@ -212,6 +212,27 @@ void bind_ops(nb::module_& m) {
       nb::arg("a"), nb::arg("mask"), nb::arg("value"), nb::kw_only(),
       nb::arg("queue") = nb::none(), "a with value where mask (bool) is true.");
   ops.def(
+      "embedding",
+      [](const Tensor& weight, const Tensor& indices, nb::handle queue) {
+        return ops::embedding(weight, indices, parse_queue(queue));
+      },
+      nb::arg("weight"), nb::arg("indices"), nb::kw_only(), nb::arg("queue") = nb::none(),
+      "Rows of weight [V, D] at int32 indices of any shape: [..., D] (torch's embedding).");
+  ops.def(
+      "index_select",
+      [](const Tensor& a, std::int64_t dim, const Tensor& index, nb::handle queue) {
+        return ops::index_select(a, dim, index, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dim"), nb::arg("index"), nb::kw_only(),
+      nb::arg("queue") = nb::none(), "a's slices at int32 indices along dim (torch.index_select).");
+  ops.def(
+      "gather",
+      [](const Tensor& a, std::int64_t dim, const Tensor& index, nb::handle queue) {
+        return ops::gather(a, dim, index, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("dim"), nb::arg("index"), nb::kw_only(),
+      nb::arg("queue") = nb::none(), "Elements of a picked along dim by index (torch.gather).");
+  ops.def(
       "fill", [](const Tensor& t, double value, nb::handle queue) { ops::fill(t, value, parse_queue(queue)); },
       nb::arg("tensor"), nb::arg("value"), nb::kw_only(), nb::arg("queue") = nb::none());
   ops.def(

@@ -300,3 +300,37 @@ def test_argmax_and_boolean_attention_masks(device):
     with_bool = ops.scaled_dot_product_attention(*args, retrace.from_numpy(keep, device=device))
     with_add = ops.scaled_dot_product_attention(*args, retrace.from_numpy(additive, device=device))
     np.testing.assert_array_equal(with_bool.numpy(), with_add.numpy())
+
+
+def test_embedding_index_select_and_gather_match_numpy(device):
+    rng = np.random.default_rng(12)
+    table = rng.standard_normal((10, 4)).astype(np.float32)
+    idx = np.array([[3, 0, 9], [9, 1, 2]])  # int64 from numpy: converted to int32
+    wt = dev(device, table)
+    np.testing.assert_array_equal(ops.embedding(wt, dev(device, idx)).numpy(), table[idx])
+    np.testing.assert_array_equal(
+        ops.index_select(wt, 1, dev(device, np.array([3, 3, 0]))).numpy(), table[:, [3, 3, 0]])
+    g = rng.integers(0, 10, size=(6, 4))
+    np.testing.assert_array_equal(ops.gather(wt, 0, dev(device, g)).numpy(),
+                                  np.take_along_axis(table, g, 0))
+    halves = table.astype(np.float16)
+    out = ops.embedding(dev(device, halves), dev(device, idx))
+    assert out.dtype == retrace.float16
+    np.testing.assert_array_equal(out.numpy(), halves[idx])
+    with pytest.raises(retrace.InvalidArgument, match="embedding: index must be int32"):
+        ops.embedding(wt, dev(device, idx.astype(np.float32)))
+    ops.embedding(wt, dev(device, np.array([1, 10])))
+    with pytest.raises(retrace.DeviceError, match=r"index element 1 is 10, outside \[0, 10\)"):
+        device.synchronize()
+
+
+def test_float16_round_trips_numpy_and_computes_in_float(device):
+    x = np.array([1.0, 65504.0, 6e-8, -0.0, np.inf, 0.1], dtype=np.float16)
+    t = dev(device, x)
+    assert t.dtype == retrace.float16
+    back = t.numpy()
+    assert back.dtype == np.float16
+    np.testing.assert_array_equal(back.view(np.uint16), x.view(np.uint16))
+    y = ops.add(t, t).numpy()
+    np.testing.assert_array_equal(y, (x.astype(np.float32) * 2).astype(np.float16))
+    assert retrace.from_numpy(np.ones(3), device=device, dtype="float16").dtype == retrace.float16

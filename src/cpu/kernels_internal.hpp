@@ -72,5 +72,6 @@ KernelFn resolve(const CollectiveParams& p);
 KernelFn resolve(const RandomParams& p);
 KernelFn resolve(const CompareParams& p);
 KernelFn resolve(const WhereParams& p);
+KernelFn resolve(const GatherParams& p);
 
 }  // namespace retrace::cpu

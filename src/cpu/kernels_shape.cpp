@@ -36,6 +36,45 @@ void strided_copy_kernel(const std::byte* raw) {
                });
 }
 
+// One index value, checked: a device error naming the element and the value when it is out of
+// range (the caller's queue fails; nothing is read outside src).
+inline std::int64_t checked_index(const GatherParams& p, std::int32_t v, std::int64_t element) {
+  RETRACE_CHECK(v >= 0 && v < p.dim_size, device_error,
+                "index element {} is {}, outside [0, {}) (the size of the indexed dimension)",
+                element, v, p.dim_size);
+  return v;
+}
+
+template <class T>
+void gather_kernel(const std::byte* raw) {
+  const auto& p = params_as<GatherParams>(raw);
+  const T* src = static_cast<const T*>(p.src);
+  T* out = static_cast<T*>(p.out);
+  const int last = p.rank - 1;
+  const std::int64_t inner = p.shape[last];
+  const std::int64_t ss = p.src_strides[last], is = p.index_strides[last];
+  // Rows in order on the calling thread: the first bad index is the one reported.
+  for (std::int64_t row = 0, rows = outer_rows(p.shape, p.rank); row < rows; ++row) {
+    std::int64_t offsets[2];
+    row_offsets(row, p.shape, last, {p.src_strides, p.index_strides}, offsets);
+    T* o = out + row * inner;
+    if (is == 0) {  // one index for the whole row (embedding, index_select of a leading dim)
+      const std::int64_t at = checked_index(p, p.index[offsets[1]], offsets[1]);
+      const T* s = src + offsets[0] + at * p.dim_stride;
+      if (ss == 1) {
+        std::memcpy(o, s, static_cast<std::size_t>(inner) * sizeof(T));
+      } else {
+        for (std::int64_t j = 0; j < inner; ++j) o[j] = s[j * ss];
+      }
+      continue;
+    }
+    for (std::int64_t j = 0; j < inner; ++j) {
+      const std::int64_t e = offsets[1] + j * is;
+      o[j] = src[offsets[0] + j * ss + checked_index(p, p.index[e], e) * p.dim_stride];
+    }
+  }
+}
+
 template <class From, class To>
 void typecast_kernel(const std::byte* raw) {
   const auto& p = params_as<TypecastParams>(raw);
@@ -102,6 +141,17 @@ KernelFn resolve(const StridedCopyParams& p) {
       break;
   }
   RETRACE_FAIL(unimplemented, "the CPU device has no strided_copy kernel for {}-byte elements", p.elem_size);
+}
+
+KernelFn resolve(const GatherParams& p) {
+  switch (p.elem_size) {
+    case 1: return &gather_kernel<std::uint8_t>;
+    case 2: return &gather_kernel<std::uint16_t>;
+    case 4: return &gather_kernel<std::uint32_t>;
+    default: break;
+  }
+  RETRACE_FAIL(unimplemented, "the CPU device has no gather kernel for {}-byte elements",
+               p.elem_size);
 }
 
 KernelFn resolve(const TypecastParams& p) {

@@ -204,6 +204,13 @@ void CudaBackend::enqueue(QueueId queue, const KernelLaunch& launch) {
     ctx.site = sites_.add(Site{launch.op, p.count, trace ? trace->id.value : 0,
                                trace ? trace->commands : 0, 0});
     if (trace != nullptr) trace->has_asserts = true;
+  } else if (launch.kernel == KernelId::gather) {  // fails like assert_finite on a bad index
+    const auto& p = *static_cast<const GatherParams*>(launch.params);
+    std::int64_t count = 1;
+    for (int d = 0; d < p.rank; ++d) count *= p.shape[d];
+    ctx.site = sites_.add(Site{launch.op, count, trace ? trace->id.value : 0,
+                               trace ? trace->commands : 0, 0, p.dim_size});
+    if (trace != nullptr) trace->has_asserts = true;
   }
   if (trace == nullptr) {  // kept alive before launching: a failed launch may have run a part
     for (Buffer* buffer : launch.buffers) q.pending.push_back(buffer->shared_from_this());

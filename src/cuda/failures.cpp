@@ -99,6 +99,12 @@ std::string describe_failure(const std::string& queue_label, const Domain& domai
                       : fmt::format("command {} of {} in trace {}", site.command,
                                     site.trace_commands, site.trace);
   const auto index = static_cast<std::int64_t>(record.element >> 32);
+  if (site.index_limit > 0) {
+    const auto bad = std::bit_cast<std::int32_t>(static_cast<std::uint32_t>(record.element));
+    return fmt::format("op '{}' failed on {} ({}): index element {} is {}, outside [0, {}) (the "
+                       "size of the indexed dimension)",
+                       site.op, queue_label, where, index, bad, site.index_limit);
+  }
   const float value = std::bit_cast<float>(static_cast<std::uint32_t>(record.element));
   return fmt::format("op '{}' failed on {} ({}): element {} of {} is {}", site.op, queue_label,
                      where, index, site.count, value);

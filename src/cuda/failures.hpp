@@ -54,6 +54,7 @@ struct Site {
   std::uint64_t trace;  // 0: eager
   std::size_t command;
   std::size_t trace_commands;  // commands of the trace, once known (0 while capturing)
+  std::int64_t index_limit = 0;  // a gather's indexed size (its record holds an int32 index)
 };
 
 class SiteTable {
@@ -69,7 +70,8 @@ class SiteTable {
   std::map<std::tuple<const char*, std::int64_t, std::uint64_t, std::size_t>, unsigned int> ids_;
 };
 
-// "op 'assert_finite' failed on queue 0 of cuda:0 (eager): element 1 of 3 is nan". Reads the
+// "op 'assert_finite' failed on queue 0 of cuda:0 (eager): element 1 of 3 is nan", or for a
+// gather "... index element 4 is 12, outside [0, 10) ...". Reads the
 // record with a synchronous copy (the queue has drained).
 [[nodiscard]] std::string describe_failure(const std::string& queue_label, const Domain& domain,
                                            const SiteTable& sites);

@@ -20,6 +20,7 @@ cudaError_t launch_tilize(const TilizeParams& p, const LaunchContext& ctx);
 cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx);
 cudaError_t launch_compare(const CompareParams& p, const LaunchContext& ctx);
 cudaError_t launch_where(const WhereParams& p, const LaunchContext& ctx);
+cudaError_t launch_gather(const GatherParams& p, const LaunchContext& ctx);
 cudaError_t launch_matmul(const MatmulParams& p, const LaunchContext& ctx,
                           cublasStatus_t* blas_status);
 cudaError_t launch_attention(const AttentionParams& p, const LaunchContext& ctx,

@@ -139,6 +139,33 @@ __global__ void strided_copy_kernel(const FailureRecord* record, const T* src, T
   }
 }
 
+// One thread per output element. An index outside [0, dim_size) fails the command like
+// assert_finite: the lowest such element and its value go to the failure record, nothing is
+// read out of bounds (the output element is left as it was).
+template <class T>
+__global__ void gather_kernel(FailureRecord* record, unsigned int* host_flag, unsigned int site,
+                              const T* src, const std::int32_t* index, T* out, std::int64_t n,
+                              TwoOperandSpace g, std::int64_t dim_stride, std::int64_t dim_size) {
+  if (aborted(record)) return;
+  RETRACE_GRID_STRIDE(i, n) {
+    std::int64_t at_src = 0, at_index = 0;
+    g.offsets(i, at_src, at_index);
+    const std::int32_t v = index[at_index];
+    if (v < 0 || v >= dim_size) {
+      const unsigned long long element =
+          at_index < 0xffffffffLL ? static_cast<unsigned long long>(at_index) : 0xffffffffULL;
+      atomicMin(&record->element, (element << 32) | static_cast<std::uint32_t>(v));
+      record->site = site;
+      __threadfence();
+      atomicExch(&record->abort, 1u);
+      *reinterpret_cast<volatile unsigned int*>(host_flag) = site;
+      __threadfence_system();
+      continue;
+    }
+    out[i] = src[at_src + static_cast<std::int64_t>(v) * dim_stride];
+  }
+}
+
 // One thread per element of the tiled buffer (padding included).
 template <class T>
 __global__ void tilize_kernel(const FailureRecord* record, const T* src, T* dst, std::int64_t n,
@@ -266,6 +293,19 @@ cudaError_t launch_strided_copy(const StridedCopyParams& p, const LaunchContext&
     using T = decltype(tag);
     strided_copy_kernel<T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
         ctx.record, static_cast<const T*>(p.src), static_cast<T*>(p.dst), n, g);
+  });
+}
+
+cudaError_t launch_gather(const GatherParams& p, const LaunchContext& ctx) {
+  std::int64_t n = 1;
+  for (int d = 0; d < p.rank; ++d) n *= p.shape[d];
+  if (n == 0) return cudaSuccess;
+  const TwoOperandSpace g = make_space(p.shape, p.src_strides, p.index_strides, p.rank);
+  return with_size(p.elem_size, [&](auto tag) {
+    using T = decltype(tag);
+    gather_kernel<T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+        ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src), p.index,
+        static_cast<T*>(p.out), n, g, p.dim_stride, p.dim_size);
   });
 }
 

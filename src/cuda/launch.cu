@@ -77,6 +77,10 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
       const int es = as<WhereParams>(params).elem_size;
       return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
     }
+    case KernelId::gather: {
+      const int es = as<GatherParams>(params).elem_size;
+      return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
+    }
     case KernelId::compare:
     case KernelId::fill:
     case KernelId::copy:
@@ -142,6 +146,9 @@ cudaError_t launch(const CompareParams& p, const LaunchContext& ctx, cublasStatu
 }
 cudaError_t launch(const WhereParams& p, const LaunchContext& ctx, cublasStatus_t*) {
   return launch_where(p, ctx);
+}
+cudaError_t launch(const GatherParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return launch_gather(p, ctx);
 }
 cudaError_t launch(const CollectiveParams&, const LaunchContext&, cublasStatus_t*) {
   return cudaErrorNotSupported;  // refused before launch: see unsupported_reason

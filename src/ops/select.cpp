@@ -177,4 +177,100 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value, QueueId qu
   return out;
 }
 
+// --- indexed reads ---------------------------------------------------------------------------
+
+namespace {
+
+// Both on one device, row-major; index int32.
+void check_index_operands(const char* op, const Tensor& a, const char* a_name,
+                          const Tensor& index) {
+  same_device({{&a, a_name}, {&index, "index"}}, op);
+  RETRACE_CHECK(index.dtype() == DType::int32, invalid_argument,
+                "{}: index must be int32, got {} (typecast it)", op, index.dtype());
+}
+
+// out[idx] = a[idx . src_strides + index[idx . index_strides] * a.stride(dim)] over out's shape.
+Tensor enqueue_gather(const char* op, const Tensor& a, std::size_t dim, const Tensor& index,
+                      const Shape& out_shape, std::vector<std::int64_t> src_strides,
+                      std::vector<std::int64_t> index_strides, QueueId queue) {
+  Tensor out = Tensor::empty(out_shape, a.dtype(), *a.device());
+  if (out_shape.numel() == 0) return out;
+  const std::vector<std::int64_t> a_strides = contiguous_strides(a.shape());
+  GatherParams params{};
+  params.src = data_of(a);
+  params.index = static_cast<const std::int32_t*>(data_of(index));
+  params.out = data_of(out);
+  params.rank = static_cast<std::int32_t>(out_shape.rank());
+  for (std::size_t d = 0; d < out_shape.rank(); ++d) {
+    params.shape[d] = out_shape[d];
+    params.src_strides[d] = src_strides[d];
+    params.index_strides[d] = index_strides[d];
+  }
+  params.dim_stride = a_strides[dim];
+  params.dim_size = a.shape()[dim];
+  params.elem_size = static_cast<std::int32_t>(dtype_size(a.dtype()));
+  Buffer* buffers[] = {a.buffer().get(), index.buffer().get(), out.buffer().get()};
+  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  return out;
+}
+
+Tensor select_rows(const char* op, const Tensor& a, std::size_t dim, const Tensor& index,
+                   QueueId queue) {
+  // index is one-dimensional here: its stride is 1 along `dim` and 0 elsewhere.
+  std::vector<std::int64_t> dims(a.shape().dims().begin(), a.shape().dims().end());
+  dims[dim] = index.numel();
+  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  src_strides[dim] = 0;
+  std::vector<std::int64_t> index_strides(dims.size(), 0);
+  index_strides[dim] = 1;
+  return enqueue_gather(op, a, dim, index, Shape(std::span<const std::int64_t>(dims)),
+                        std::move(src_strides), std::move(index_strides), queue);
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices, QueueId queue) {
+  check_index_operands("embedding", weight, "weight", indices);
+  RETRACE_CHECK(weight.shape().rank() == 2, invalid_argument,
+                "embedding: weight must be [num_embeddings, embedding_dim], got {}",
+                weight.shape());
+  RETRACE_CHECK(indices.shape().rank() < Shape::kMaxRank, invalid_argument,
+                "embedding: indices of rank {} would give a result of rank {} (at most {})",
+                indices.shape().rank(), indices.shape().rank() + 1, Shape::kMaxRank);
+  std::vector<std::int64_t> dims(indices.shape().dims().begin(), indices.shape().dims().end());
+  dims.push_back(weight.shape()[1]);
+  const Tensor rows = select_rows("embedding", weight, 0, reshape(indices, {indices.numel()}), queue);
+  return reshape(rows, std::span<const std::int64_t>(dims));
+}
+
+Tensor index_select(const Tensor& a, std::int64_t dim, const Tensor& index, QueueId queue) {
+  check_index_operands("index_select", a, "a", index);
+  RETRACE_CHECK(a.shape().rank() >= 1, invalid_argument,
+                "index_select: a needs rank 1 or more, got {}", a.shape());
+  RETRACE_CHECK(index.shape().rank() <= 1, invalid_argument,
+                "index_select: index must be one-dimensional, got {}", index.shape());
+  const std::int64_t d = normalize_dim(dim, a.shape().rank(), "index_select");
+  return select_rows("index_select", a, static_cast<std::size_t>(d),
+                     reshape(index, {index.numel()}), queue);
+}
+
+Tensor gather(const Tensor& a, std::int64_t dim, const Tensor& index, QueueId queue) {
+  check_index_operands("gather", a, "a", index);
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(rank >= 1 && index.shape().rank() == rank, invalid_argument,
+                "gather: index must have a's rank ({}), got {} for a {}", rank, index.shape(),
+                a.shape());
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, rank, "gather"));
+  for (std::size_t k = 0; k < rank; ++k) {
+    RETRACE_CHECK(k == d || index.shape()[k] <= a.shape()[k], invalid_argument,
+                  "gather: index {} is larger than a {} along dimension {} (only dimension {} "
+                  "may differ)",
+                  index.shape(), a.shape(), k, d);
+  }
+  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  src_strides[d] = 0;
+  return enqueue_gather("gather", a, d, index, index.shape(), std::move(src_strides),
+                        contiguous_strides(index.shape()), queue);
+}
+
 }  // namespace retrace::ops
