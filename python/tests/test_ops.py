@@ -332,5 +332,7 @@ def test_float16_round_trips_numpy_and_computes_in_float(device):
     assert back.dtype == np.float16
     np.testing.assert_array_equal(back.view(np.uint16), x.view(np.uint16))
     y = ops.add(t, t).numpy()
-    np.testing.assert_array_equal(y, (x.astype(np.float32) * 2).astype(np.float16))
+    with np.errstate(over="ignore"):  # 65504 * 2 is inf in float16, as retrace gives
+        want = (x.astype(np.float32) * 2).astype(np.float16)
+    np.testing.assert_array_equal(y, want)
     assert retrace.from_numpy(np.ones(3), device=device, dtype="float16").dtype == retrace.float16

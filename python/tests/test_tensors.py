@@ -67,8 +67,10 @@ def test_dtype_spellings(device):
         assert retrace.from_numpy(np.ones(2, np.float32), device=device, dtype=spec).dtype == retrace.bfloat16
     for spec in (np.float32, np.dtype("float32"), "float32"):
         assert retrace.from_numpy(np.ones(2), dtype=spec).dtype == retrace.float32
-    with pytest.raises(retrace.InvalidArgument, match="unknown dtype 'float16'"):
-        retrace.from_numpy(np.ones(2), dtype="float16")
+    for spec in (np.float16, "float16", retrace.float16):
+        assert retrace.from_numpy(np.ones(2), dtype=spec).dtype == retrace.float16
+    with pytest.raises(retrace.InvalidArgument, match="unknown dtype 'float64'"):
+        retrace.from_numpy(np.ones(2), dtype="float64")
 
 
 def test_non_contiguous_and_empty_arrays():
