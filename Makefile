@@ -60,6 +60,12 @@ bench:
 	@scripts/setup.sh --bench
 	$(MAKE) build
 	./build/bin/retrace bench --json build/bench.json --plot build/bench.png
+	@# The peers (ONNX Runtime, torch.compile) on the same steps and weights, added to bench.json.
+	./build/bin/retrace bench --export-steps build/peers
+	@if scripts/peers-env.sh; then \
+	  .venv-peers/bin/python bench/python/peers.py --steps-dir build/peers \
+	    --bench-json build/bench.json --plot build/bench_peers.png; \
+	else echo "make bench: peers skipped (ONNX Runtime / PyTorch could not be installed from PyPI)"; fi
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer

@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> sizes{"S", "M", "L"};
     std::vector<std::string> isas;
     int libtorch_peer = 0;
+    std::string export_steps;
     int repeats = 5;
     std::int64_t steps = 3;
     CLI::App* bench = app.add_subcommand(
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
     bench->add_option("--libtorch-peer", libtorch_peer)
         ->check(retrace::cli::whole_number(1, 1024))
         ->group("");
+    bench->add_option("--export-steps", export_steps,
+                      "write each size's weights, step inputs and retrace's result to "
+                      "DIR/dit_step_<size>.safetensors (for bench/python/peers.py) and stop");
     bench->add_option("--repeats", repeats, "rounds per mode")
         ->check(retrace::cli::whole_number(1, 10000));
     bench->add_option("--steps", steps, "steps per round")
@@ -127,6 +131,9 @@ int main(int argc, char** argv) {
     if (*demo) return retrace::cli::run_demo(demo_options, demo_extra);
     if (*bench && libtorch_peer > 0) {
       return retrace::bench::run_libtorch_peer(sizes.at(0), libtorch_peer, repeats, steps);
+    }
+    if (*bench && !export_steps.empty()) {
+      return retrace::bench::export_dit_steps(export_steps, sizes, steps);
     }
     if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, isas, repeats, steps);
     return retrace::cli::run_inspect(inspect_options, inspect_extra);

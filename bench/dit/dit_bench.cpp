@@ -12,6 +12,7 @@
 #include "dit_bench.hpp"
 
 #include <retrace/models/dit.hpp>
+#include <retrace/models/safetensors.hpp>
 #include <retrace/retrace.hpp>
 #include "torch_dit.hpp"
 
@@ -408,6 +409,37 @@ int run_libtorch_peer(const std::string& size_name, int threads, int repeats,
     }
   }
   std::printf("libtorch_ms %.9g libtorch_relative_error %.9g\n", median(ms), error);
+  return 0;
+}
+
+int export_dit_steps(const std::string& dir, const std::vector<std::string>& sizes,
+                     std::int64_t steps) {
+  std::filesystem::create_directories(dir);
+  auto device = open_cpu_device();
+  for (const std::string& name : sizes) {
+    const models::DiTConfig& c = find_size(name).config;
+    models::DiT model(c, *device);
+    const StepInputs in = step_inputs(model, steps);
+    const DeviceStep device_step(model, in, *device);
+    const Tensor x = Tensor::from_vector<float>(in.start, device_step.shape, c.dtype);
+    std::map<std::string, Tensor> tensors;
+    for (const auto& [weight, shape] : models::DiT::weight_shapes(c)) {
+      tensors[weight] = model.weight(weight);
+    }
+    tensors["step.x"] = x;
+    tensors["step.t_frequencies"] = Tensor::from_vector<float>(in.features, {1, c.frequency_size},
+                                                               DType::float32);
+    tensors["step.label"] = Tensor::from_vector<std::int32_t>(
+        {static_cast<std::int32_t>(in.label)}, {1}, DType::int32);
+    tensors["step.coefficients"] = Tensor::from_vector<float>({in.a, in.b}, {2}, DType::float32);
+    tensors["step.heads"] = Tensor::from_vector<std::int32_t>(
+        {static_cast<std::int32_t>(c.heads)}, {1}, DType::int32);
+    tensors["step.x_next"] = device_step(x.to_device(*device)).to_host();
+    const std::string path = (std::filesystem::path(dir) / ("dit_step_" + name + ".safetensors")).string();
+    models::write_safetensors(path, tensors);
+    std::printf("wrote %s (size %s: the weights, the step's inputs and retrace's result)\n",
+                path.c_str(), name.c_str());
+  }
   return 0;
 }
 

@@ -16,6 +16,13 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
                   const std::vector<std::string>& sizes, const std::vector<std::string>& isas,
                   int repeats, std::int64_t steps);
 
+// Writes one safetensors file per size, DIR/dit_step_<size>.safetensors: the model's weights
+// (reference names), the step's inputs (step.x, step.t_frequencies, step.label,
+// step.coefficients = [a, b], step.heads) and retrace's result of one step (step.x_next), for
+// peers outside this process (bench/python/peers.py).
+int export_dit_steps(const std::string& dir, const std::vector<std::string>& sizes,
+                     std::int64_t steps);
+
 // The libtorch side of the bench, run by `retrace bench --libtorch-peer THREADS` in a child
 // process: times libtorch's step at one size and prints "libtorch_ms X libtorch_relative_error Y".
 int run_libtorch_peer(const std::string& size, int threads, int repeats, std::int64_t steps);

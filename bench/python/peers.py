@@ -1,0 +1,387 @@
+"""The DiT step of `retrace bench` in ONNX Runtime and in torch.compile, with retrace's weights.
+
+`make bench` runs it after `retrace bench --json build/bench.json` and
+`retrace bench --export-steps build/peers` (one safetensors file per size: the weights, the
+step's inputs and retrace's result of the step). For each size and thread count it
+
+- builds the step (patch embedding, timestep and class embeddings, the adaLN-Zero blocks, the
+  final layer, unpatchify, then x_next = a * x + b * eps) as an ONNX graph (opset 20) and runs
+  it in ONNX Runtime (all graph optimisations, intra-op threads = the thread count, one
+  inter-op thread);
+- builds it as a torch module and compiles it with torch.compile (inductor, frozen weights,
+  under inference_mode; torch.set_num_threads);
+- checks each peer's result against retrace's (relative error <= 1e-4 of the largest value, or
+  the peer's row says it disagrees) and times it: the median of ROUNDS x STEPS steps after a
+  warm-up, like `retrace bench`.
+
+It writes the peers' medians and the ratios of retrace's traced step to each peer and to the
+best peer into the rows of build/bench.json (`onnxruntime_ms`, `torch_compile_ms`,
+`best_peer_ms`, `traced_over_best_peer`, ...), prints the table and draws
+build/bench_peers.png. A peer that cannot run here is skipped with a line saying why.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+FREQUENCY_SIZE = 256
+
+
+# --- the exported step ---------------------------------------------------------------------------
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file (F32 and I32, the types retrace bench writes)."""
+    types = {"F32": np.float32, "I32": np.int32, "F16": np.float16, "U8": np.uint8}
+    data = path.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_len])
+    base = 8 + header_len
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        dtype = types[entry["dtype"]]
+        out[name] = np.frombuffer(data[base + begin:base + end], dtype=dtype).reshape(entry["shape"]).copy()
+    return out
+
+
+class Step:
+    """One size's exported step: the weights, the configuration read off their shapes, inputs."""
+
+    def __init__(self, size: str, path: Path):
+        t = read_safetensors(path)
+        self.size = size
+        self.weights = {k: v for k, v in t.items() if not k.startswith("step.")}
+        self.x = t["step.x"]
+        self.t_frequencies = t["step.t_frequencies"]
+        self.label = int(t["step.label"][0])
+        self.a, self.b = (float(v) for v in t["step.coefficients"])
+        self.heads = int(t["step.heads"][0])
+        self.want = t["step.x_next"]
+        w = self.weights
+        self.hidden = w["pos_embed"].shape[2]
+        self.tokens = w["pos_embed"].shape[1]
+        self.patch = w["x_embedder.proj.weight"].shape[2]
+        self.in_channels = w["x_embedder.proj.weight"].shape[1]
+        self.input_size = self.x.shape[2]
+        self.grid = self.input_size // self.patch
+        self.out_channels = w["final_layer.linear.weight"].shape[0] // (self.patch * self.patch)
+        self.depth = sum(1 for k in w if k.endswith(".attn.qkv.weight"))
+
+    def relative_error(self, got: np.ndarray) -> float:
+        got = np.asarray(got, dtype=np.float64).reshape(self.want.shape)
+        scale = max(float(np.max(np.abs(self.want))), 1e-30)
+        return float(np.max(np.abs(got - self.want))) / scale
+
+
+# --- ONNX Runtime ------------------------------------------------------------------------------
+
+def onnx_model(s: Step):
+    """The step as an ONNX graph; the weights are initializers, the inputs x and t."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits = [], []
+    counter = [0]
+
+    def name(prefix: str) -> str:
+        counter[0] += 1
+        return f"{prefix}_{counter[0]}"
+
+    def const(value, dtype=np.float32) -> str:
+        n = name("const")
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), n))
+        return n
+
+    def op(kind: str, inputs, n_out: int = 1, **attrs):
+        outs = [name(kind.lower()) for _ in range(n_out)]
+        nodes.append(helper.make_node(kind, list(inputs), outs, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    added = set()
+
+    def weight(k: str) -> str:  # a weight as an initializer, on first use
+        if k not in added:
+            inits.append(numpy_helper.from_array(s.weights[k].astype(np.float32), k))
+            added.add(k)
+        return k
+
+    # The class embedding of this step's label is a constant row of the table.
+    class_row = const(s.weights["y_embedder.embedding_table.weight"][s.label][None, :])
+    wt = {}
+
+    def linear(x: str, prefix: str) -> str:
+        if prefix not in wt:  # W^T once, as an initializer
+            wt[prefix] = const(s.weights[prefix + ".weight"].T.copy())
+        return op("Add", [op("MatMul", [x, wt[prefix]]), weight(prefix + ".bias")])
+
+    def silu(x: str) -> str:
+        return op("Mul", [x, op("Sigmoid", [x])])
+
+    ones_h = const(np.ones(s.hidden))
+    zeros_h = const(np.zeros(s.hidden))
+
+    def layer_norm(x: str) -> str:
+        return op("LayerNormalization", [x, ones_h, zeros_h], axis=-1, epsilon=1e-6)
+
+    one = const(1.0)
+
+    def modulate(x: str, shift: str, scale: str) -> str:
+        return op("Add", [op("Mul", [x, op("Add", [scale, one])]), shift])
+
+    def chunks(x: str, n: int):
+        return op("Split", [x], n_out=n, axis=-1, num_outputs=n)
+
+    h, heads, tokens = s.hidden, s.heads, s.tokens
+    d = h // heads
+    y = op("Conv", ["x", weight("x_embedder.proj.weight"), weight("x_embedder.proj.bias")],
+           kernel_shape=[s.patch, s.patch], strides=[s.patch, s.patch])
+    y = op("Transpose", [op("Reshape", [y, const([1, h, tokens], np.int64)])], perm=[0, 2, 1])
+    y = op("Add", [y, weight("pos_embed")])
+    temb = linear(silu(linear("t", "t_embedder.mlp.0")), "t_embedder.mlp.2")
+    cond = op("Unsqueeze", [silu(op("Add", [temb, class_row])), const([1], np.int64)])
+    qkv_shape = const([1, tokens, 3, heads, d], np.int64)
+    merged = const([1, tokens, h], np.int64)
+    inv_sqrt_d = const(1.0 / math.sqrt(d))
+    for b in range(s.depth):
+        p = f"blocks.{b}."
+        mod = chunks(linear(cond, p + "adaLN_modulation.1"), 6)
+        z = modulate(layer_norm(y), mod[0], mod[1])
+        qkv = op("Transpose", [op("Reshape", [linear(z, p + "attn.qkv"), qkv_shape])],
+                 perm=[2, 0, 3, 1, 4])
+        q, k, v = (op("Squeeze", [part, const([0], np.int64)])
+                   for part in op("Split", [qkv], n_out=3, axis=0, num_outputs=3))
+        scores = op("Mul", [op("MatMul", [q, op("Transpose", [k], perm=[0, 1, 3, 2])]), inv_sqrt_d])
+        attn = op("MatMul", [op("Softmax", [scores], axis=-1), v])
+        attn = op("Reshape", [op("Transpose", [attn], perm=[0, 2, 1, 3]), merged])
+        y = op("Add", [y, op("Mul", [mod[2], linear(attn, p + "attn.proj")])])
+        z = modulate(layer_norm(y), mod[3], mod[4])
+        z = linear(op("Gelu", [linear(z, p + "mlp.fc1")], approximate="tanh"), p + "mlp.fc2")
+        y = op("Add", [y, op("Mul", [mod[5], z])])
+    mod = chunks(linear(cond, "final_layer.adaLN_modulation.1"), 2)
+    y = linear(modulate(layer_norm(y), mod[0], mod[1]), "final_layer.linear")
+    g, pt, co = s.grid, s.patch, s.out_channels
+    y = op("Reshape", [y, const([1, g, g, pt, pt, co], np.int64)])
+    y = op("Transpose", [y], perm=[0, 5, 1, 3, 2, 4])
+    y = op("Reshape", [y, const([1, co, s.input_size, s.input_size], np.int64)])
+    eps = op("Slice", [y, const([0], np.int64), const([s.in_channels], np.int64),
+                       const([1], np.int64)])
+    nodes.append(helper.make_node(
+        "Add", [op("Mul", ["x", const(s.a)]), op("Mul", [eps, const(s.b)])], ["x_next"]))
+    x_shape = list(s.x.shape)
+    graph = helper.make_graph(
+        nodes, f"dit_step_{s.size}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape),
+         helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, FREQUENCY_SIZE])],
+        [helper.make_tensor_value_info("x_next", TensorProto.FLOAT, x_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def onnxruntime_runner(s: Step, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only
+    session = ort.InferenceSession(onnx_model(s).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feeds = {"x": s.x, "t": s.t_frequencies}
+    return lambda: session.run(None, feeds)[0]
+
+
+# --- torch.compile -----------------------------------------------------------------------------
+
+def torch_compile_runner(s: Step, threads: int):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    w = {k: torch.from_numpy(v.astype(np.float32)) for k, v in s.weights.items()}
+    h, heads, tokens, d = s.hidden, s.heads, s.tokens, s.hidden // s.heads
+
+    class DiTStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for k, v in w.items():
+                self.register_buffer(k.replace(".", "__"), v)
+
+        def p(self, k):
+            return getattr(self, k.replace(".", "__"))
+
+        def linear(self, x, prefix):
+            return F.linear(x, self.p(prefix + ".weight"), self.p(prefix + ".bias"))
+
+        def forward(self, x, t):
+            y = F.conv2d(x, self.p("x_embedder.proj.weight"), self.p("x_embedder.proj.bias"),
+                         stride=s.patch)
+            y = y.flatten(2).transpose(1, 2) + self.p("pos_embed")
+            temb = self.linear(F.silu(self.linear(t, "t_embedder.mlp.0")), "t_embedder.mlp.2")
+            table = self.p("y_embedder.embedding_table.weight")
+            cond = F.silu(temb + table[s.label:s.label + 1]).unsqueeze(1)
+            for b in range(s.depth):
+                q = f"blocks.{b}."
+                mod = self.linear(cond, q + "adaLN_modulation.1").chunk(6, -1)
+                z = F.layer_norm(y, (h,), eps=1e-6) * (mod[1] + 1) + mod[0]
+                qkv = self.linear(z, q + "attn.qkv").reshape(1, tokens, 3, heads, d)
+                qkv = qkv.permute(2, 0, 3, 1, 4)
+                scores = qkv[0] @ qkv[1].transpose(-2, -1) / math.sqrt(d)
+                attn = (torch.softmax(scores, -1) @ qkv[2]).permute(0, 2, 1, 3).reshape(1, tokens, h)
+                y = y + mod[2] * self.linear(attn, q + "attn.proj")
+                z = F.layer_norm(y, (h,), eps=1e-6) * (mod[4] + 1) + mod[3]
+                z = self.linear(F.gelu(self.linear(z, q + "mlp.fc1"), approximate="tanh"),
+                                q + "mlp.fc2")
+                y = y + mod[5] * z
+            mod = self.linear(cond, "final_layer.adaLN_modulation.1").chunk(2, -1)
+            y = self.linear(F.layer_norm(y, (h,), eps=1e-6) * (mod[1] + 1) + mod[0],
+                            "final_layer.linear")
+            g, pt, co = s.grid, s.patch, s.out_channels
+            y = y.reshape(1, g, g, pt, pt, co).permute(0, 5, 1, 3, 2, 4)
+            y = y.reshape(1, co, s.input_size, s.input_size)
+            return x * s.a + y[:, :s.in_channels] * s.b
+
+    import torch._inductor.config as inductor_config
+    inductor_config.freezing = True
+    model = DiTStep().eval()
+    compiled = torch.compile(model, backend="inductor")
+    x, t = torch.from_numpy(s.x), torch.from_numpy(s.t_frequencies)
+
+    def run():
+        with torch.inference_mode():
+            return compiled(x, t).numpy()
+    return run
+
+
+# --- timing and reporting ----------------------------------------------------------------------
+
+def median_ms(run, rounds: int, steps: int) -> float:
+    for _ in range(3):
+        run()  # warm-up (torch.compile compiles here)
+    times = []
+    for _ in range(rounds * steps):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+PEERS = {"onnxruntime": onnxruntime_runner, "torch_compile": torch_compile_runner}
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for module in ("onnxruntime", "torch"):
+        try:
+            out[module] = __import__(module).__version__
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            out[module] = f"unavailable ({e.__class__.__name__}: {e})"
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("peers: chart skipped (matplotlib is not installed)")
+        return
+    cases = [f"{r['size']}/{r['threads']}t" for r in rows]
+    series = [("retrace traced", "traced_ms"), ("retrace floor", "floor_ms"),
+              ("ONNX Runtime", "onnxruntime_ms"), ("torch.compile", "torch_compile_ms")]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.2
+    for i, (label, key) in enumerate(series):
+        ratios = [(r.get(key) or float("nan")) / r["traced_ms"] for r in rows]
+        ax.bar([c + (i - 1.5) * width for c in range(len(rows))], ratios, width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.set_xticks(range(len(rows)), cases)
+    ax.set_ylabel("time / retrace traced (higher: retrace faster)")
+    ax.set_title("DiT step, float32, CPU: each mode's median relative to retrace traced")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"peers: wrote {path}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps-dir", type=Path, default=Path("build/peers"))
+    parser.add_argument("--bench-json", type=Path, default=Path("build/bench.json"),
+                        help="retrace bench's rows, to which the peers' columns are added")
+    parser.add_argument("--plot", type=Path, default=Path("build/bench_peers.png"))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--peers", default="onnxruntime,torch_compile")
+    args = parser.parse_args()
+
+    rows = json.loads(args.bench_json.read_text())
+    if isinstance(rows, dict):
+        rows = rows.get("rows", [])
+    print(f"peers: {json.dumps(versions())}; {os.cpu_count()} CPUs")
+    steps: dict[str, Step] = {}
+    measured: dict[tuple[str, str, int], dict] = {}  # (peer, size, threads): its columns
+    failed = False
+    for row in rows:
+        size, threads = row["size"], int(row["threads"])
+        if size not in steps:
+            steps[size] = Step(size, args.steps_dir / f"dit_step_{size}.safetensors")
+        s = steps[size]
+        best = None
+        for peer in args.peers.split(","):
+            key = f"{peer}_ms"
+            # Peers do not depend on retrace's kernel variant: once per size and thread count.
+            if (peer, size, threads) not in measured:
+                columns = {}
+                try:
+                    run = PEERS[peer](s, threads)
+                    error = s.relative_error(run())
+                    columns[f"{peer}_relative_error"] = error
+                    columns[key] = median_ms(run, args.rounds, args.steps)
+                    if error > 1e-4:
+                        print(f"peers: {peer} at {size}/{threads}t differs from retrace by a "
+                              f"relative {error:.2e}", file=sys.stderr)
+                        failed = True
+                except Exception as e:  # noqa: BLE001 - a peer that cannot run is skipped
+                    columns[key] = None
+                    columns[f"{peer}_skipped"] = f"{e.__class__.__name__}: {e}"
+                    print(f"peers: {peer} skipped at {size}/{threads}t: {columns[f'{peer}_skipped']}")
+                measured[(peer, size, threads)] = columns
+            row.update(measured[(peer, size, threads)])
+            if row.get(key) is not None:
+                best = row[key] if best is None else min(best, row[key])
+                row[f"traced_over_{peer}"] = row["traced_ms"] / row[key]
+        row["best_peer_ms"] = best
+        row["traced_over_best_peer"] = row["traced_ms"] / best if best else None
+
+    print(f"{'size':>4} {'thr':>3} {'isa':>7} {'traced':>9} {'floor':>9} {'onnxrt':>9} "
+          f"{'compile':>9} {'traced/best peer':>17}")
+    for r in rows:
+        def ms(key):
+            return f"{r[key]:9.3f}" if r.get(key) is not None else f"{'-':>9}"
+        ratio = r.get("traced_over_best_peer")
+        print(f"{r['size']:>4} {r['threads']:>3} {r.get('kernel_isa', ''):>7} {ms('traced_ms')} "
+              f"{ms('floor_ms')} {ms('onnxruntime_ms')} {ms('torch_compile_ms')} "
+              f"{(f'{ratio:.2f}x' if ratio else '-'):>17}")
+    args.bench_json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"peers: wrote the peers' columns into {args.bench_json}")
+    plot(rows, args.plot)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
