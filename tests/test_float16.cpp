@@ -237,6 +237,15 @@ TEST_F(Float16OpsTest, RandomDrawsAreTheFloat32DrawsRoundedAndReplayBitForBit) {
   for (std::size_t i = 0; i < z32.size(); ++i) {
     ASSERT_EQ(z16[i], float16::from_float(z32[i]).to_float()) << i;
   }
+  // Uniform draws use float16's 11 significant bits: multiples of 2^-11 in [0, 1).
+  const std::vector<float> u = ops::rand({4096}, h, DType::float16).to_vector<float>();
+  bool finer_than_bfloat16 = false;
+  for (float v : u) {
+    ASSERT_TRUE(v >= 0.0f && v < 1.0f) << v;
+    ASSERT_EQ(std::ldexp(v, 11), std::trunc(std::ldexp(v, 11))) << v;
+    finer_than_bfloat16 |= std::ldexp(v, 8) != std::trunc(std::ldexp(v, 8));
+  }
+  EXPECT_TRUE(finer_than_bfloat16);
   Generator noise(device(), 9);
   auto draw = make_tracer(
       [&](const Tensor& x) { return ops::add(x, ops::randn(x.shape(), noise, DType::float16)); },

@@ -454,5 +454,93 @@ TEST_F(OpSelectTest, AnOutOfRangeIndexFailsTheQueueNamingIt) {
   EXPECT_EQ(tracer(good).to_vector<float>(), ops::gather(table, 0, good).to_vector<float>());
 }
 
+// --- logical ops ---------------------------------------------------------------------------------
+
+// The element of an operand of shape `in` that output element `flat` (of shape `out`) reads,
+// under numpy broadcasting.
+std::size_t broadcast_at(std::int64_t flat, const Shape& out, const Shape& in) {
+  std::int64_t at = 0, stride = 1;
+  const std::size_t offset = out.rank() - in.rank();
+  for (std::size_t d = out.rank(); d-- > 0;) {
+    const std::int64_t i = flat % out[d];
+    flat /= out[d];
+    if (d >= offset) {
+      const std::int64_t extent = in[d - offset];
+      if (extent != 1) at += i * stride;
+      stride *= extent;
+    }
+  }
+  return static_cast<std::size_t>(at);
+}
+
+std::vector<bool> truths(const std::vector<float>& v) {
+  std::vector<bool> out;
+  for (float x : v) out.push_back(x != 0.0f || std::isnan(x));  // NaN is true, as torch
+  return out;
+}
+
+std::vector<bool> bools_of(const Tensor& t) {
+  std::vector<bool> out;
+  for (std::uint8_t v : t.to_vector<std::uint8_t>()) {
+    EXPECT_LE(v, 1u);
+    out.push_back(v != 0);
+  }
+  return out;
+}
+
+TEST_F(OpSelectTest, LogicalOpsFollowTorch) {
+  const std::vector<std::pair<Shape, Shape>> shapes{
+      {{2, 3}, {2, 3}}, {{4, 1}, {3}}, {{}, {5}}, {{0, 2}, {1, 2}}};
+  std::uint64_t salt = 300;
+  for (DType dtype : {DType::bool_, DType::float32, DType::float16, DType::int32}) {
+    for (const auto& [sa, sb] : shapes) {
+      SCOPED_TRACE(fmt::format("{} {} {}", dtype, sa, sb));
+      auto a = values_with_specials(static_cast<std::size_t>(sa.numel()), ++salt);
+      auto b = values_with_specials(static_cast<std::size_t>(sb.numel()), ++salt);
+      for (auto* v : {&a, &b}) {
+        for (float& x : *v) {
+          if (dtype != DType::float32 && dtype != DType::float16) x = std::isfinite(x) ? std::round(x) : 1.0f;
+          if (dtype == DType::bool_) x = x != 0.0f ? 1.0f : 0.0f;
+        }
+      }
+      const Tensor ta = ops::typecast(device_tensor(device(), a, sa), dtype);
+      const Tensor tb = ops::typecast(device_tensor(device(), b, sb), dtype);
+      const std::vector<bool> av = truths(a), bv = truths(b);
+      const Shape out_shape = ops::logical_and(ta, tb).shape();
+      std::vector<bool> want_and, want_or, want_xor;
+      for (std::int64_t i = 0; i < out_shape.numel(); ++i) {
+        const bool x = av[broadcast_at(i, out_shape, sa)];
+        const bool y = bv[broadcast_at(i, out_shape, sb)];
+        want_and.push_back(x && y);
+        want_or.push_back(x || y);
+        want_xor.push_back(x != y);
+      }
+      EXPECT_EQ(bools_of(ops::logical_and(ta, tb)), want_and);
+      EXPECT_EQ(bools_of(ops::logical_or(ta, tb)), want_or);
+      EXPECT_EQ(bools_of(ops::logical_xor(ta, tb)), want_xor);
+      std::vector<bool> want_not;
+      for (bool x : av) want_not.push_back(!x);
+      const Tensor n = ops::logical_not(ta);
+      EXPECT_EQ(n.dtype(), DType::bool_);
+      EXPECT_EQ(n.shape(), sa);
+      EXPECT_EQ(bools_of(n), want_not);
+    }
+  }
+  // Mixed dtypes are fine (each operand becomes bool); devices must agree, named by the op.
+  const Tensor f = device_tensor(device(), {0.0f, 2.0f}, {2});
+  const Tensor i = ops::typecast(device_tensor(device(), {3.0f, 0.0f}, {2}), DType::int32);
+  EXPECT_EQ(bools_of(ops::logical_or(f, i)), (std::vector<bool>{true, true}));
+  auto other = testing::open_test_device({.id = DeviceId{4}});
+  EXPECT_RETRACE_ERROR((void)ops::logical_and(f, i.to_device(*other)), invalid_argument,
+                       "logical_and: a is on");
+  auto traced = make_tracer([](const Tensor& x, const Tensor& y) {
+    return ops::logical_xor(ops::logical_not(x), ops::logical_and(x, y));
+  }, device());
+  (void)traced(f, i);
+  const Tensor f2 = device_tensor(device(), {5.0f, 0.0f}, {2});
+  EXPECT_EQ(bools_of(traced(f2, i)),
+            bools_of(ops::logical_xor(ops::logical_not(f2), ops::logical_and(f2, i))));
+}
+
 }  // namespace
 }  // namespace retrace

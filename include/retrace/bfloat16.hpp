@@ -14,6 +14,7 @@ namespace retrace {
 
 struct bfloat16 {
   std::uint16_t bits = 0;
+  static constexpr int kSignificandBits = 8;  // the implicit bit included
 
   [[nodiscard]] static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 h;

@@ -16,6 +16,7 @@ namespace retrace {
 
 struct float16 {
   std::uint16_t bits = 0;
+  static constexpr int kSignificandBits = 11;  // the implicit bit included
 
   [[nodiscard]] static constexpr float16 from_bits(std::uint16_t b) noexcept {
     float16 h;

@@ -283,7 +283,7 @@ struct CollectiveParams {
 // function of (seed, offset, i) only; the kernel then advances the offset by one (unless
 // `advance` is false: a tracer's prep run), so every draw, eager or replayed, gets new numbers
 // and the same sequence follows from the same seed.
-//  - uniform: [0, 1) (24 random bits for float32, 8 for bfloat16)
+//  - uniform: [0, 1) (24 random bits for float32, 11 for float16, 8 for bfloat16)
 //  - normal:  standard normal (Box-Muller on pairs of words, computed in double)
 enum class RandomDist : std::uint8_t { uniform, normal };
 struct RandomParams {

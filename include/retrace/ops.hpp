@@ -1,7 +1,7 @@
 // Device-neutral ops. Each op checks its inputs (null, host, device, dtype, layout, shape),
 // infers the output shape, allocates outputs on the inputs' device and enqueues a backend kernel
 // on a queue (default 0). Ops run eagerly or, inside a trace capture, are recorded for replay.
-// float32 and bfloat16 everywhere (bfloat16 storage, float32 arithmetic); int32/uint32 for
+// float32, bfloat16 and float16 everywhere (16-bit storage, float32 arithmetic); int32/uint32 for
 // elementwise arithmetic and typecasts; bool for comparisons, where and masks (typecast and
 // fill map any nonzero value, NaN included, to true). Optional tensor arguments are "absent" when null.
 //
@@ -72,7 +72,7 @@ RETRACE_DECLARE_BINARY(pow)  // a ** b (C's powf for floats; integers: see the h
 #undef RETRACE_DECLARE_BINARY
 
 // min(max(a, lo), hi) as torch.clamp: a NaN stays NaN; lo > hi gives hi; either bound may be
-// absent. float32, bfloat16, int32, uint32 (bounds must then be whole numbers in range).
+// absent. float32, bfloat16, float16, int32, uint32 (bounds must then be whole numbers in range).
 [[nodiscard]] Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi,
                            QueueId queue = kDefaultQueue);
 void clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const Tensor& out,
@@ -103,6 +103,13 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
 // e.g. masked_fill(scores, padding, -inf). The value follows the scalar rule above.
 [[nodiscard]] Tensor masked_fill(const Tensor& a, const Tensor& mask, double value,
                                  QueueId queue = kDefaultQueue);
+
+// Logical ops, as torch's: any dtypes (nonzero, NaN included, is true; each operand converted
+// to bool first), numpy broadcasting, bool results.
+[[nodiscard]] Tensor logical_and(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor logical_or(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor logical_xor(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor logical_not(const Tensor& a, QueueId queue = kDefaultQueue);
 
 // Indexed reads, as torch's (any dtype; indices int32, each in [0, size of the indexed
 // dimension): a bad index fails the queue with a device_error naming the op, the index element
@@ -296,7 +303,7 @@ struct Conv2dOptions {
 };
 // 2-D convolution (cross-correlation, as torch's conv2d): x [N, C, H, W], weight [O, C / groups,
 // kh, kw], bias [O] (optional) -> [N, O, Ho, Wo], Ho = (H + 2 pad - dilation (kh - 1) - 1) /
-// stride + 1. float32 and bfloat16 (float32 accumulation). Computed as im2col then one matmul
+// stride + 1. float32, bfloat16, float16 (float32 accumulation). Computed as im2col then one matmul
 // per group, on any device that has those kernels.
 [[nodiscard]] Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
                             const Conv2dOptions& options = {}, QueueId queue = kDefaultQueue);

@@ -56,12 +56,12 @@ class Generator : public TraceOwner {
 
 namespace ops {
 
-// Standard normal values (mean 0, variance 1), float32 or bfloat16, from one draw of `gen`
+// Standard normal values (mean 0, variance 1), float32, bfloat16 or float16, from one draw of `gen`
 // (on gen's device). The out= form fills an existing tensor of gen's device (row-major).
 [[nodiscard]] Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::float32,
                            QueueId queue = kDefaultQueue);
 void randn(Generator& gen, const Tensor& out, QueueId queue = kDefaultQueue);
-// Uniform values in [0, 1) (24 random bits for float32, 8 for bfloat16).
+// Uniform values in [0, 1) (24 random bits for float32, 11 for float16, 8 for bfloat16).
 [[nodiscard]] Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::float32,
                           QueueId queue = kDefaultQueue);
 void rand(Generator& gen, const Tensor& out, QueueId queue = kDefaultQueue);

@@ -211,6 +211,22 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("a"), nb::arg("mask"), nb::arg("value"), nb::kw_only(),
       nb::arg("queue") = nb::none(), "a with value where mask (bool) is true.");
+  for (auto [name, fn] : {std::pair{"logical_and", &ops::logical_and},
+                          std::pair{"logical_or", &ops::logical_or},
+                          std::pair{"logical_xor", &ops::logical_xor}}) {
+    ops.def(
+        name,
+        [fn](const Tensor& a, const Tensor& b, nb::handle queue) {
+          return fn(a, b, parse_queue(queue));
+        },
+        nb::arg("a"), nb::arg("b"), nb::kw_only(), nb::arg("queue") = nb::none(),
+        "Elementwise logic on truth values (nonzero is true), broadcasting; bool results.");
+  }
+  ops.def(
+      "logical_not",
+      [](const Tensor& a, nb::handle queue) { return ops::logical_not(a, parse_queue(queue)); },
+      nb::arg("a"), nb::kw_only(), nb::arg("queue") = nb::none(),
+      "True where a is zero (false); bool results.");
   ops.def(
       "embedding",
       [](const Tensor& weight, const Tensor& indices, nb::handle queue) {

@@ -336,3 +336,14 @@ def test_float16_round_trips_numpy_and_computes_in_float(device):
         want = (x.astype(np.float32) * 2).astype(np.float16)
     np.testing.assert_array_equal(y, want)
     assert retrace.from_numpy(np.ones(3), device=device, dtype="float16").dtype == retrace.float16
+
+
+def test_logical_ops_match_numpy(device):
+    a = np.array([[0.0, 1.0, np.nan], [-2.0, 0.0, 0.5]], np.float32)
+    b = np.array([True, False, True])
+    at, bt = dev(device, a), dev(device, b)
+    np.testing.assert_array_equal(ops.logical_and(at, bt).numpy(), np.logical_and(a, b))
+    np.testing.assert_array_equal(ops.logical_or(at, bt).numpy(), np.logical_or(a, b))
+    np.testing.assert_array_equal(ops.logical_xor(at, bt).numpy(), np.logical_xor(a, b))
+    np.testing.assert_array_equal(ops.logical_not(at).numpy(), np.logical_not(a))
+    assert ops.logical_not(at).dtype == retrace.bool_

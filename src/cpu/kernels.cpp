@@ -56,7 +56,7 @@ void random_kernel(const std::byte* raw) {
     for (std::int64_t b = begin; b < end; ++b) {
       float v[4];
       philox::block_values(seed, offset, static_cast<std::uint64_t>(b),
-                           dist == RandomDist::normal, std::is_same_v<T, float> ? 24 : 8, v);
+                           dist == RandomDist::normal, philox::uniform_bits<T>, v);
       const std::int64_t first = 4 * b;
       const std::int64_t n = std::min<std::int64_t>(4, p.count - first);
       for (std::int64_t j = 0; j < n; ++j) Elem<T>::store(out, first + j, v[j]);

@@ -87,7 +87,7 @@ __global__ void random_kernel(const FailureRecord* record, const std::uint32_t* 
   RETRACE_GRID_STRIDE(b, blocks) {
     float v[4];
     philox::block_values(seed, offset, static_cast<std::uint64_t>(b),
-                         dist == RandomDist::normal, std::is_same_v<T, float> ? 24 : 8, v);
+                         dist == RandomDist::normal, philox::uniform_bits<T>, v);
     const std::int64_t first = 4 * b;
     const std::int64_t n = count - first < 4 ? count - first : 4;
     for (std::int64_t j = 0; j < n; ++j) Elem<T>::store(out, first + j, v[j]);

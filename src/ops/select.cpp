@@ -177,6 +177,60 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value, QueueId qu
   return out;
 }
 
+// --- logical ops ---------------------------------------------------------------------------------
+
+namespace {
+
+// a as bool: itself, or typecast (nonzero, NaN included, is true).
+Tensor truth(const Tensor& a, QueueId queue) {
+  return a.dtype() == DType::bool_ ? a : typecast(a, DType::bool_, queue);
+}
+
+enum class Logical { and_, or_, xor_ };
+
+Tensor logical(const char* op, Logical kind, const Tensor& a, const Tensor& b, QueueId queue) {
+  same_device({{&a, "a"}, {&b, "b"}}, op);
+  const Shape shape = broadcast_of({{&a, "a"}, {&b, "b"}}, op);
+  Tensor out = Tensor::empty(shape, DType::bool_, *a.device());
+  if (shape.numel() == 0) return out;
+  const Tensor ta = truth(a, queue), tb = truth(b, queue);
+  switch (kind) {
+    case Logical::and_:  // a ? b : false
+      enqueue_where(ta, tb, full({}, 0.0, *a.device(), DType::bool_, Layout::row_major, queue),
+                    out, queue);
+      break;
+    case Logical::or_:  // a ? true : b
+      enqueue_where(ta, full({}, 1.0, *a.device(), DType::bool_, Layout::row_major, queue), tb,
+                    out, queue);
+      break;
+    case Logical::xor_:
+      enqueue_compare(op, CompareOp::ne, ta, tb, out, queue);
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor logical_and(const Tensor& a, const Tensor& b, QueueId queue) {
+  return logical("logical_and", Logical::and_, a, b, queue);
+}
+Tensor logical_or(const Tensor& a, const Tensor& b, QueueId queue) {
+  return logical("logical_or", Logical::or_, a, b, queue);
+}
+Tensor logical_xor(const Tensor& a, const Tensor& b, QueueId queue) {
+  return logical("logical_xor", Logical::xor_, a, b, queue);
+}
+Tensor logical_not(const Tensor& a, QueueId queue) {
+  same_device({{&a, "a"}}, "logical_not");
+  Tensor out = Tensor::empty(a.shape(), DType::bool_, *a.device());
+  if (a.numel() == 0) return out;
+  const Tensor ta = truth(a, queue);
+  enqueue_compare("logical_not", CompareOp::eq, ta,
+                  full({}, 0.0, *a.device(), DType::bool_, Layout::row_major, queue), out, queue);
+  return out;
+}
+
 // --- indexed reads ---------------------------------------------------------------------------
 
 namespace {

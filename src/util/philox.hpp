@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define RETRACE_PHILOX_FN __host__ __device__ inline
@@ -50,8 +51,20 @@ RETRACE_PHILOX_FN Words block_words(std::uint64_t seed, std::uint64_t offset, st
                        static_cast<std::uint32_t>(seed >> 32));
 }
 
-// A uniform value in [0, 1) with `bits` significant bits (24 for float32, 8 for bfloat16, so
-// rounding to the dtype can never reach 1): exact in the dtype.
+// A uniform value in [0, 1) with `bits` significant bits (the dtype's significand: 24 for
+// float32, 11 for float16, 8 for bfloat16, see uniform_bits; so rounding to the dtype can never
+// reach 1): exact in the dtype.
+template <class T>
+constexpr int uniform_bits_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return 24;
+  } else {
+    return T::kSignificandBits;  // bfloat16, float16
+  }
+}
+template <class T>
+inline constexpr int uniform_bits = uniform_bits_of<T>();
+
 RETRACE_PHILOX_FN float uniform(std::uint32_t word, int bits) {
   const std::uint32_t kept = word >> (32 - bits);
   return static_cast<float>(kept) * (1.0f / static_cast<float>(1u << bits));
