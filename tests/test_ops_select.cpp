@@ -413,7 +413,7 @@ TEST_F(OpSelectTest, IndexErrorsNameTheOpAndTheArgument) {
   const Tensor a = counting(device(), {4, 3}, DType::float32);
   const Tensor idx = int_tensor(device(), {0, 1}, {2});
   EXPECT_RETRACE_ERROR((void)ops::embedding(a, ops::typecast(idx, DType::float32)),
-                       invalid_argument, "embedding: index must be int32, got float32");
+                       invalid_argument, "embedding: index must be int32 or int64, got float32");
   EXPECT_RETRACE_ERROR((void)ops::embedding(ops::reshape(a, {12}), idx), invalid_argument,
                        "embedding: weight must be [num_embeddings, embedding_dim], got [12]");
   EXPECT_RETRACE_ERROR((void)ops::index_select(a, 2, idx), invalid_argument, "index_select");

@@ -1,5 +1,5 @@
 // dispatch_dtype: calls f(T{}) with the C++ storage type of a DType (float, bfloat16, float16,
-// int32_t, uint32_t, uint8_t; uint8_t for bool_ too), so code can be written once per storage type:
+// int32_t, uint32_t, int64_t, uint8_t; uint8_t for bool_ too), so code can be written once per storage type:
 //
 //   retrace::dispatch_dtype(tensor.dtype(), [&]<class T>(T) { ... static_cast<T*>(data) ... });
 #pragma once
@@ -21,6 +21,7 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
     case DType::float16: return std::forward<F>(f)(float16{});
     case DType::int32: return std::forward<F>(f)(std::int32_t{});
     case DType::uint32: return std::forward<F>(f)(std::uint32_t{});
+    case DType::int64: return std::forward<F>(f)(std::int64_t{});
     case DType::uint8:
     case DType::bool_: return std::forward<F>(f)(std::uint8_t{});  // bool_: bytes 0 and 1
   }

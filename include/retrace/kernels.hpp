@@ -196,11 +196,12 @@ struct StridedCopyParams {
 
 // Indexed reads (embedding, index_select, gather): over `shape` (the output's, out contiguous),
 // out[idx] = src[idx . src_strides + index[idx . index_strides] * dim_stride], where index is
-// int32 and every index value must lie in [0, dim_size): otherwise the queue fails with a device
-// error naming the op, the element and the value (nothing is read out of bounds).
+// int32 or int64 (index_size 4 or 8) and every index value must lie in [0, dim_size): otherwise
+// the queue fails with a device error naming the op, the element and the value (nothing is read
+// out of bounds).
 struct GatherParams {
   const void* src;
-  const std::int32_t* index;
+  const void* index;
   void* out;
   std::int64_t shape[kMaxKernelRank];
   std::int64_t src_strides[kMaxKernelRank];  // 0 along the indexed dimension
@@ -209,6 +210,7 @@ struct GatherParams {
   std::int64_t dim_size;
   std::int32_t rank;
   std::int32_t elem_size;
+  std::int32_t index_size;
 };
 
 struct TypecastParams {

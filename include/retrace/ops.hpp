@@ -1,7 +1,7 @@
 // Device-neutral ops. Each op checks its inputs (null, host, device, dtype, layout, shape),
 // infers the output shape, allocates outputs on the inputs' device and enqueues a backend kernel
 // on a queue (default 0). Ops run eagerly or, inside a trace capture, are recorded for replay.
-// float32, bfloat16 and float16 everywhere (16-bit storage, float32 arithmetic); int32/uint32 for
+// float32, bfloat16 and float16 everywhere (16-bit storage, float32 arithmetic); int32/uint32/int64 for
 // elementwise arithmetic and typecasts; bool for comparisons, where and masks (typecast and
 // fill map any nonzero value, NaN included, to true). Optional tensor arguments are "absent" when null.
 //
@@ -9,7 +9,7 @@
 // sum 0, mean NaN, max -inf; NaN propagates through relu, max, maximum and minimum (either
 // operand), as in numpy; exp overflows to inf past ~88.72 and underflows through the
 // subnormals to 0. Integer arithmetic is defined for every input: add, sub, mul and pow wrap
-// modulo 2^32; pow with a negative exponent gives 0 but for bases 1 and -1 (the integer part of
+// modulo 2^32 (2^64 for int64); pow with a negative exponent gives 0 but for bases 1 and -1 (the integer part of
 // the exact result); div truncates toward zero, x / 0 gives 0 and INT_MIN / -1 gives INT_MIN; a scalar for
 // an integer tensor must be a whole number in the dtype's range (invalid_argument otherwise:
 // typecast to float32 for fractional arithmetic).

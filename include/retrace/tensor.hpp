@@ -27,7 +27,7 @@ namespace retrace {
 template <class T>
 concept HostElement = std::same_as<T, float> || std::same_as<T, double> ||
                       std::same_as<T, bfloat16> || std::same_as<T, float16> ||
-                      std::same_as<T, std::int32_t> ||
+                      std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
                       std::same_as<T, std::uint32_t> || std::same_as<T, std::uint8_t>;
 
 // Bytes a tensor of this shape, dtype and layout occupies (tile layout pads the last two dims).

@@ -22,8 +22,8 @@
 namespace retrace {
 
 // bool_: one byte per element holding 0 or 1 (comparisons, where, masked_fill); stored as uint8.
-// float16 (IEEE binary16) comes last so the older values keep their numbers.
-enum class DType : std::uint8_t { float32, bfloat16, int32, uint32, uint8, bool_, float16 };
+// float16 (IEEE binary16) and int64 come last so the older values keep their numbers.
+enum class DType : std::uint8_t { float32, bfloat16, int32, uint32, uint8, bool_, float16, int64 };
 
 struct DTypeInfo {
   DType dtype;
@@ -32,7 +32,7 @@ struct DTypeInfo {
   bool is_floating;
 };
 
-inline constexpr std::array<DTypeInfo, 7> kDTypeTable{{
+inline constexpr std::array<DTypeInfo, 8> kDTypeTable{{
     {DType::float32, "float32", 4, true},
     {DType::bfloat16, "bfloat16", 2, true},
     {DType::int32, "int32", 4, false},
@@ -40,6 +40,7 @@ inline constexpr std::array<DTypeInfo, 7> kDTypeTable{{
     {DType::uint8, "uint8", 1, false},
     {DType::bool_, "bool", 1, false},
     {DType::float16, "float16", 2, true},
+    {DType::int64, "int64", 8, false},
 }};
 
 [[nodiscard]] constexpr const DTypeInfo& dtype_info(DType dtype) noexcept {

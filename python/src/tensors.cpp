@@ -68,6 +68,7 @@ nb::dlpack::dtype dlpack_from_dtype(DType dtype) {
       return nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
     case DType::int32: return nb::dtype<std::int32_t>();
     case DType::uint32: return nb::dtype<std::uint32_t>();
+    case DType::int64: return nb::dtype<std::int64_t>();
     case DType::uint8: return nb::dtype<std::uint8_t>();
     case DType::bool_: return nb::dtype<bool>();
   }
@@ -161,8 +162,10 @@ Tensor convert_array(const Array& a, const Shape& shape, std::optional<DType> wa
     return tensor_from(gather<double, double>(a), shape, wanted.value_or(DType::float32));
   }
   if (code == Code::Int && d.bits == 64 && d.lanes == 1) {
+    // numpy's default integer becomes int32 (range-checked) unless int64 is asked for.
     const DType target = wanted.value_or(DType::int32);
     auto values = gather<std::int64_t, std::int64_t>(a);
+    if (target == DType::int64) return tensor_from(std::move(values), shape, target);
     if (!dtype_info(target).is_floating) {
       const std::int64_t lo = target == DType::int32 ? std::numeric_limits<std::int32_t>::min() : 0;
       const std::int64_t hi = target == DType::int32   ? std::numeric_limits<std::int32_t>::max()
@@ -171,7 +174,7 @@ Tensor convert_array(const Array& a, const Shape& shape, std::optional<DType> wa
       for (std::size_t i = 0; i < values.size(); ++i) {
         RETRACE_CHECK(values[i] >= lo && values[i] <= hi, invalid_argument,
                       "{}: element {} of the int64 array is {}, outside the range of {} "
-                      "(retrace has no int64 dtype yet)",
+                      "(pass dtype=retrace.int64 to keep 64 bits)",
                       what, i, values[i], dtype_name(target));
       }
     }
@@ -179,7 +182,7 @@ Tensor convert_array(const Array& a, const Shape& shape, std::optional<DType> wa
   }
   RETRACE_FAIL(invalid_argument,
                "{}: arrays of {} cannot become retrace tensors (retrace has float32, bfloat16, "
-               "int32, uint32 and uint8; float64, int64 and bool arrays are converted)",
+               "float16, int32, uint32, int64, uint8 and bool; float64 arrays are converted)",
                what, describe_dlpack(d));
 }
 
@@ -335,7 +338,7 @@ DType parse_dtype(nb::handle spec) {
     if (info.name == name) return info.dtype;
   }
   RETRACE_FAIL(invalid_argument, "unknown dtype {} (retrace dtypes: float32, bfloat16, float16, "
-               "int32, uint32, uint8, bool)", nb::cast<std::string>(nb::repr(spec)));
+               "int32, uint32, int64, uint8, bool)", nb::cast<std::string>(nb::repr(spec)));
 }
 
 std::optional<DType> parse_optional_dtype(nb::handle spec) {
@@ -415,6 +418,7 @@ void bind_tensors(nb::module_& m) {
       .value("float16", DType::float16)
       .value("int32", DType::int32)
       .value("uint32", DType::uint32)
+      .value("int64", DType::int64)
       .value("uint8", DType::uint8)
       .value("bool", DType::bool_)
       .def_prop_ro("itemsize", [](DType d) { return dtype_size(d); })

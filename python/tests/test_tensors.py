@@ -168,3 +168,16 @@ def test_device_memory_option():
     assert info.value.category == "out of memory" or "memory" in str(info.value)
     assert isinstance(info.value, MemoryError) and isinstance(info.value, retrace.Error)
     d.close()
+
+
+def test_int64_on_request(device):
+    big = np.array([2**53 + 1, -(2**63), 2**63 - 1], dtype=np.int64)
+    t = retrace.from_numpy(big, device=device, dtype=retrace.int64)
+    assert t.dtype == retrace.int64
+    back = t.numpy()
+    assert back.dtype == np.int64
+    np.testing.assert_array_equal(back, big)
+    # numpy's default integer still becomes int32 unless int64 is asked for.
+    assert retrace.from_numpy(np.array([1, 2])).dtype == retrace.int32
+    with pytest.raises(retrace.InvalidArgument, match="pass dtype=retrace.int64"):
+        retrace.from_numpy(big)

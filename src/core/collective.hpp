@@ -66,7 +66,7 @@ struct CollectiveSum<float16> {
 };
 template <class U>
 struct CollectiveSumUnsigned {
-  using acc = std::uint32_t;
+  using acc = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;  // wraps
   static acc load(const void* p, std::int64_t i) {
     U v;
     std::memcpy(&v, static_cast<const std::byte*>(p) + i * static_cast<std::int64_t>(sizeof(U)),
@@ -85,6 +85,8 @@ template <>
 struct CollectiveSum<std::uint32_t> : CollectiveSumUnsigned<std::uint32_t> {};
 template <>
 struct CollectiveSum<std::uint8_t> : CollectiveSumUnsigned<std::uint8_t> {};
+template <>
+struct CollectiveSum<std::int64_t> : CollectiveSumUnsigned<std::uint64_t> {};
 
 template <class F>
 decltype(auto) with_collective_dtype(DType dtype, F&& f) {
@@ -94,6 +96,7 @@ decltype(auto) with_collective_dtype(DType dtype, F&& f) {
     case DType::float16: return f(float16{});
     case DType::int32: return f(std::int32_t{});
     case DType::uint32: return f(std::uint32_t{});
+    case DType::int64: return f(std::int64_t{});
     case DType::uint8:
     case DType::bool_: return f(std::uint8_t{});
   }

@@ -1,4 +1,5 @@
 #include "retrace/tensor.hpp"
+#include "util/float_to_int.hpp"
 
 #include "retrace/dtype_dispatch.hpp"
 #include "retrace/error.hpp"
@@ -84,6 +85,12 @@ template <class T, class S>
 S convert(T v) {
   if constexpr (std::is_same_v<T, S>) {
     return v;
+  } else if constexpr (std::is_integral_v<T> && std::is_integral_v<S>) {
+    return static_cast<S>(v);  // integer to integer: exact, or wraps (as typecast does)
+  } else if constexpr (std::is_integral_v<T> && std::is_same_v<S, float>) {
+    return static_cast<float>(v);  // one rounding (through double would round twice for int64)
+  } else if constexpr (std::is_integral_v<S>) {
+    return detail::float_to_int<S>(to_double(v));  // truncates, saturates, NaN 0 (as typecast)
   } else if constexpr (kHalfFloat<S> && std::is_same_v<T, float>) {
     return S::from_float(v);
   } else {
@@ -271,6 +278,7 @@ RETRACE_INSTANTIATE(double)
 RETRACE_INSTANTIATE(bfloat16)
 RETRACE_INSTANTIATE(float16)
 RETRACE_INSTANTIATE(std::int32_t)
+RETRACE_INSTANTIATE(std::int64_t)
 RETRACE_INSTANTIATE(std::uint32_t)
 RETRACE_INSTANTIATE(std::uint8_t)
 #undef RETRACE_INSTANTIATE

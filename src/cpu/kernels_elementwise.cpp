@@ -138,6 +138,7 @@ KernelFn compare_for_dtype(DType dtype) {
     case DType::float16: return [](const std::byte* p) { compare_kernel<op, float16>(p); };
     case DType::int32: return [](const std::byte* p) { compare_kernel<op, std::int32_t>(p); };
     case DType::uint32: return [](const std::byte* p) { compare_kernel<op, std::uint32_t>(p); };
+    case DType::int64: return [](const std::byte* p) { compare_kernel<op, std::int64_t>(p); };
     case DType::uint8:
     case DType::bool_: return [](const std::byte* p) { compare_kernel<op, std::uint8_t>(p); };
   }
@@ -157,6 +158,8 @@ KernelFn binary_for_dtype(DType dtype) {
       return &K<op, std::int32_t>::run;
     case DType::uint32:
       return &K<op, std::uint32_t>::run;
+    case DType::int64:
+      return &K<op, std::int64_t>::run;
     case DType::uint8:
     case DType::bool_:
       break;
@@ -228,6 +231,7 @@ KernelFn resolve(const WhereParams& p) {
     case 1: return &where_kernel<std::uint8_t>;
     case 2: return &where_kernel<std::uint16_t>;
     case 4: return &where_kernel<std::uint32_t>;
+    case 8: return &where_kernel<std::uint64_t>;
     default: break;
   }
   RETRACE_FAIL(unimplemented, "the CPU device has no where kernel for {}-byte elements",

@@ -38,16 +38,18 @@ void strided_copy_kernel(const std::byte* raw) {
 
 // One index value, checked: a device error naming the element and the value when it is out of
 // range (the caller's queue fails; nothing is read outside src).
-inline std::int64_t checked_index(const GatherParams& p, std::int32_t v, std::int64_t element) {
+template <class I>
+std::int64_t checked_index(const GatherParams& p, I v, std::int64_t element) {
   RETRACE_CHECK(v >= 0 && v < p.dim_size, device_error,
                 "index element {} is {}, outside [0, {}) (the size of the indexed dimension)",
                 element, v, p.dim_size);
   return v;
 }
 
-template <class T>
+template <class T, class I>
 void gather_kernel(const std::byte* raw) {
   const auto& p = params_as<GatherParams>(raw);
+  const I* index = static_cast<const I*>(p.index);
   const T* src = static_cast<const T*>(p.src);
   T* out = static_cast<T*>(p.out);
   const int last = p.rank - 1;
@@ -59,7 +61,7 @@ void gather_kernel(const std::byte* raw) {
     row_offsets(row, p.shape, last, {p.src_strides, p.index_strides}, offsets);
     T* o = out + row * inner;
     if (is == 0) {  // one index for the whole row (embedding, index_select of a leading dim)
-      const std::int64_t at = checked_index(p, p.index[offsets[1]], offsets[1]);
+      const std::int64_t at = checked_index(p, index[offsets[1]], offsets[1]);
       const T* s = src + offsets[0] + at * p.dim_stride;
       if (ss == 1) {
         std::memcpy(o, s, static_cast<std::size_t>(inner) * sizeof(T));
@@ -70,7 +72,7 @@ void gather_kernel(const std::byte* raw) {
     }
     for (std::int64_t j = 0; j < inner; ++j) {
       const std::int64_t e = offsets[1] + j * is;
-      o[j] = src[offsets[0] + j * ss + checked_index(p, p.index[e], e) * p.dim_stride];
+      o[j] = src[offsets[0] + j * ss + checked_index(p, index[e], e) * p.dim_stride];
     }
   }
 }
@@ -137,19 +139,29 @@ KernelFn resolve(const StridedCopyParams& p) {
       return &strided_copy_kernel<std::uint16_t>;
     case 4:
       return &strided_copy_kernel<std::uint32_t>;
+    case 8:
+      return &strided_copy_kernel<std::uint64_t>;
     default:
       break;
   }
   RETRACE_FAIL(unimplemented, "the CPU device has no strided_copy kernel for {}-byte elements", p.elem_size);
 }
 
-KernelFn resolve(const GatherParams& p) {
-  switch (p.elem_size) {
-    case 1: return &gather_kernel<std::uint8_t>;
-    case 2: return &gather_kernel<std::uint16_t>;
-    case 4: return &gather_kernel<std::uint32_t>;
-    default: break;
+template <class I>
+KernelFn gather_for(std::int32_t elem_size) {
+  switch (elem_size) {
+    case 1: return &gather_kernel<std::uint8_t, I>;
+    case 2: return &gather_kernel<std::uint16_t, I>;
+    case 4: return &gather_kernel<std::uint32_t, I>;
+    case 8: return &gather_kernel<std::uint64_t, I>;
+    default: return nullptr;
   }
+}
+
+KernelFn resolve(const GatherParams& p) {
+  const KernelFn fn = p.index_size == 8 ? gather_for<std::int64_t>(p.elem_size)
+                                        : gather_for<std::int32_t>(p.elem_size);
+  if (fn != nullptr) return fn;
   RETRACE_FAIL(unimplemented, "the CPU device has no gather kernel for {}-byte elements",
                p.elem_size);
 }

@@ -142,19 +142,23 @@ __global__ void strided_copy_kernel(const FailureRecord* record, const T* src, T
 // One thread per output element. An index outside [0, dim_size) fails the command like
 // assert_finite: the lowest such element and its value go to the failure record, nothing is
 // read out of bounds (the output element is left as it was).
-template <class T>
+// (The record keeps 32 bits of the value: an int64 index outside int32's range is reported
+// saturated to it.)
+template <class T, class I>
 __global__ void gather_kernel(FailureRecord* record, unsigned int* host_flag, unsigned int site,
-                              const T* src, const std::int32_t* index, T* out, std::int64_t n,
+                              const T* src, const I* index, T* out, std::int64_t n,
                               TwoOperandSpace g, std::int64_t dim_stride, std::int64_t dim_size) {
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
     std::int64_t at_src = 0, at_index = 0;
     g.offsets(i, at_src, at_index);
-    const std::int32_t v = index[at_index];
+    const std::int64_t v = index[at_index];
     if (v < 0 || v >= dim_size) {
       const unsigned long long element =
           at_index < 0xffffffffLL ? static_cast<unsigned long long>(at_index) : 0xffffffffULL;
-      atomicMin(&record->element, (element << 32) | static_cast<std::uint32_t>(v));
+      const std::int64_t shown = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v;
+      atomicMin(&record->element,
+                (element << 32) | static_cast<std::uint32_t>(static_cast<std::int32_t>(shown)));
       record->site = site;
       __threadfence();
       atomicExch(&record->abort, 1u);
@@ -219,6 +223,9 @@ cudaError_t with_size(std::int32_t elem_size, F&& f) {
       break;
     case 4:
       f(std::uint32_t{});
+      break;
+    case 8:
+      f(std::uint64_t{});
       break;
     default:
       return cudaErrorInvalidValue;
@@ -303,9 +310,17 @@ cudaError_t launch_gather(const GatherParams& p, const LaunchContext& ctx) {
   const TwoOperandSpace g = make_space(p.shape, p.src_strides, p.index_strides, p.rank);
   return with_size(p.elem_size, [&](auto tag) {
     using T = decltype(tag);
-    gather_kernel<T><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
-        ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src), p.index,
-        static_cast<T*>(p.out), n, g, p.dim_stride, p.dim_size);
+    if (p.index_size == 8) {
+      gather_kernel<T, std::int64_t><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+          ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src),
+          static_cast<const std::int64_t*>(p.index), static_cast<T*>(p.out), n, g, p.dim_stride,
+          p.dim_size);
+    } else {
+      gather_kernel<T, std::int32_t><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+          ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src),
+          static_cast<const std::int32_t*>(p.index), static_cast<T*>(p.out), n, g, p.dim_stride,
+          p.dim_size);
+    }
   });
 }
 

@@ -62,11 +62,11 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
     }
     case KernelId::strided_copy: {
       const int es = as<StridedCopyParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
+      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
     }
     case KernelId::tilize: {
       const int es = as<TilizeParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
+      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
     }
     case KernelId::collective:
       // Mesh collectives on GPUs need NCCL inside the CUDA graph: not built yet.
@@ -75,11 +75,11 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
       return is_float(as<RandomParams>(params).dtype) ? nullptr : "random numbers of integers";
     case KernelId::where: {
       const int es = as<WhereParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
+      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
     }
     case KernelId::gather: {
       const int es = as<GatherParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 ? nullptr : "elements of this size";
+      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
     }
     case KernelId::compare:
     case KernelId::fill:

@@ -30,6 +30,8 @@ IntegerRange integer_range(DType dtype) {
   switch (dtype) {
     case DType::int32: return {-2147483648.0, 2147483647.0};
     case DType::uint32: return {0.0, 4294967295.0};
+    // The doubles inside int64's range: -2^63 .. 2^63 - 1024 (2^63 - 1 is not a double).
+    case DType::int64: return {-9223372036854775808.0, 9223372036854774784.0};
     case DType::uint8: return {0.0, 255.0};
     case DType::bool_: return {0.0, 1.0};
     case DType::float32:

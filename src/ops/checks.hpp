@@ -21,9 +21,9 @@ void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view 
 // The floating-point dtypes: every op that computes in float takes them.
 inline constexpr std::initializer_list<DType> kFloatTypes = {DType::float32, DType::bfloat16,
                                                              DType::float16};
-// Elementwise arithmetic: the floats and the 32-bit integers.
+// Elementwise arithmetic: the floats, int32, uint32 and int64.
 inline constexpr std::initializer_list<DType> kArithmeticTypes = {
-    DType::float32, DType::bfloat16, DType::float16, DType::int32, DType::uint32};
+    DType::float32, DType::bfloat16, DType::float16, DType::int32, DType::uint32, DType::int64};
 
 // The values an integer dtype holds, [lo, hi] (as doubles: every bound is exact).
 struct IntegerRange {

@@ -235,12 +235,12 @@ Tensor logical_not(const Tensor& a, QueueId queue) {
 
 namespace {
 
-// Both on one device, row-major; index int32.
+// Both on one device, row-major; index int32 or int64.
 void check_index_operands(const char* op, const Tensor& a, const char* a_name,
                           const Tensor& index) {
   same_device({{&a, a_name}, {&index, "index"}}, op);
-  RETRACE_CHECK(index.dtype() == DType::int32, invalid_argument,
-                "{}: index must be int32, got {} (typecast it)", op, index.dtype());
+  RETRACE_CHECK(index.dtype() == DType::int32 || index.dtype() == DType::int64, invalid_argument,
+                "{}: index must be int32 or int64, got {} (typecast it)", op, index.dtype());
 }
 
 // out[idx] = a[idx . src_strides + index[idx . index_strides] * a.stride(dim)] over out's shape.
@@ -252,7 +252,8 @@ Tensor enqueue_gather(const char* op, const Tensor& a, std::size_t dim, const Te
   const std::vector<std::int64_t> a_strides = contiguous_strides(a.shape());
   GatherParams params{};
   params.src = data_of(a);
-  params.index = static_cast<const std::int32_t*>(data_of(index));
+  params.index = data_of(index);
+  params.index_size = static_cast<std::int32_t>(dtype_size(index.dtype()));
   params.out = data_of(out);
   params.rank = static_cast<std::int32_t>(out_shape.rank());
   for (std::size_t d = 0; d < out_shape.rank(); ++d) {
