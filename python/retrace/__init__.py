@@ -56,6 +56,7 @@ from ._core import (  # noqa: F401
     distribute,
     gather_to_host,
     gather_shards,
+    mpi,
 )
 from ._tracing import StateTensor, traced_function  # noqa: F401
 from ._mesh import mesh_map  # noqa: F401
@@ -69,5 +70,5 @@ __all__ = [
     "float32", "bfloat16", "float16", "int32", "uint32", "int64", "uint8", "bool_", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
     "open_device", "available_backends", "from_numpy", "from_dlpack", "empty", "ops",
     "MeshDevice", "MeshTensor", "Placement", "open_mesh", "distribute", "gather_to_host",
-    "gather_shards", "mesh_map",
+    "gather_shards", "mesh_map", "mpi",
 ]

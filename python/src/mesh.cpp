@@ -4,6 +4,9 @@
 
 #include "retrace/error.hpp"
 #include "retrace/mesh.hpp"
+#ifdef RETRACE_PY_HAVE_MPI
+#include "retrace/mpi.hpp"
+#endif
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -85,7 +88,70 @@ std::optional<std::vector<Device*>> mesh_devices(nb::handle object) {
   return mesh.devices();
 }
 
+namespace {
+
+// MeshOptions from the Python keywords (collective_timeout in seconds).
+MeshOptions mesh_options(const char* op, std::optional<double> collective_timeout) {
+  MeshOptions options;
+  if (collective_timeout) {
+    RETRACE_CHECK(*collective_timeout > 0.0, invalid_argument,
+                  "{}: collective_timeout must be positive, got {}", op, *collective_timeout);
+    options.collective_timeout = std::chrono::milliseconds(
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(*collective_timeout * 1e3)));
+  }
+  return options;
+}
+
+// retrace.mpi: meshes across processes, one member per MPI rank (when built with MPI).
+void bind_mpi(nb::module_& m) {
+  nb::module_ mpi = m.def_submodule(
+      "mpi", "Meshes across processes and machines over MPI: one member device per rank; run "
+             "the program with mpirun.");
+#ifdef RETRACE_PY_HAVE_MPI
+  mpi.attr("available") = true;
+  mpi.def("init", [] { retrace::mpi::init(); },
+          "Initialises MPI (MPI_THREAD_MULTIPLE) unless it is already; open_mesh does it too.");
+  mpi.def("launched", &retrace::mpi::launched,
+          "Whether an MPI launcher (mpirun, mpiexec, srun) started this process.");
+  mpi.def("world_rank", [] {
+    retrace::mpi::init();
+    return retrace::mpi::world_rank();
+  });
+  mpi.def("world_size", [] {
+    retrace::mpi::init();
+    return retrace::mpi::world_size();
+  });
+  mpi.def(
+      "open_mesh",
+      [](std::string_view backend, std::vector<std::size_t> shape, std::uint32_t first_id,
+         std::optional<double> collective_timeout) {
+        std::unique_ptr<MeshDevice> mesh;
+        {
+          nb::gil_scoped_release release;  // every rank must arrive: do not hold the GIL
+          mesh = retrace::mpi::open_mesh(backend, std::move(shape), std::nullopt,
+                                         mesh_options("mpi.open_mesh", collective_timeout),
+                                         first_id);
+        }
+        return new PyMesh(std::move(mesh));
+      },
+      nb::arg("backend") = "cpu", nb::arg("shape") = std::vector<std::size_t>{}, nb::kw_only(),
+      nb::arg("first_id") = 0, nb::arg("collective_timeout") = nb::none(),
+      nb::rv_policy::take_ownership,
+      "Opens a mesh of one member per MPI rank (rank r opens backend:first_id + r); shape () "
+      "is 1-D over every rank, (rows, cols) 2-D. Every rank must call it.");
+#else
+  mpi.attr("available") = false;
+  mpi.def("open_mesh", [](nb::args, nb::kwargs) -> nb::object {
+    RETRACE_FAIL(unimplemented, "retrace.mpi.open_mesh: this build of retrace has no MPI "
+                                "(install an MPI library, e.g. libopenmpi-dev, and reinstall)");
+  });
+#endif
+}
+
+}  // namespace
+
 void bind_mesh(nb::module_& m) {
+  bind_mpi(m);
   nb::class_<PyMesh>(m, "MeshDevice",
                      "Several devices used as one (open one with retrace.open_mesh): tensors "
                      "split or copied across them, collectives between them.")
@@ -126,15 +192,8 @@ void bind_mesh(nb::module_& m) {
       "open_mesh",
       [](std::string_view backend, std::vector<std::size_t> shape, std::uint32_t first_id,
          std::optional<double> collective_timeout) {
-        MeshOptions options;
-        if (collective_timeout) {
-          RETRACE_CHECK(*collective_timeout > 0.0, invalid_argument,
-                        "open_mesh: collective_timeout must be positive, got {}",
-                        *collective_timeout);
-          options.collective_timeout = std::chrono::milliseconds(
-              std::max<std::int64_t>(1, static_cast<std::int64_t>(*collective_timeout * 1e3)));
-        }
-        return new PyMesh(MeshDevice::open(backend, std::move(shape), std::nullopt, options,
+        return new PyMesh(MeshDevice::open(backend, std::move(shape), std::nullopt,
+                                           mesh_options("open_mesh", collective_timeout),
                                            first_id));
       },
       nb::arg("backend") = "cpu", nb::arg("shape") = std::vector<std::size_t>{2}, nb::kw_only(),
