@@ -44,26 +44,16 @@ struct CollectiveSum<float> {
   static acc load(const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; }
   static void store(void* p, std::int64_t i, acc v) { static_cast<float*>(p)[i] = v; }
 };
-template <>
-struct CollectiveSum<bfloat16> {
+template <class H>  // bfloat16, float16: summed in float, rounded once
+struct CollectiveSumHalf {
   using acc = float;
-  static acc load(const void* p, std::int64_t i) {
-    return static_cast<const bfloat16*>(p)[i].to_float();
-  }
-  static void store(void* p, std::int64_t i, acc v) {
-    static_cast<bfloat16*>(p)[i] = bfloat16::from_float(v);
-  }
+  static acc load(const void* p, std::int64_t i) { return static_cast<const H*>(p)[i].to_float(); }
+  static void store(void* p, std::int64_t i, acc v) { static_cast<H*>(p)[i] = H::from_float(v); }
 };
 template <>
-struct CollectiveSum<float16> {
-  using acc = float;
-  static acc load(const void* p, std::int64_t i) {
-    return static_cast<const float16*>(p)[i].to_float();
-  }
-  static void store(void* p, std::int64_t i, acc v) {
-    static_cast<float16*>(p)[i] = float16::from_float(v);
-  }
-};
+struct CollectiveSum<bfloat16> : CollectiveSumHalf<bfloat16> {};
+template <>
+struct CollectiveSum<float16> : CollectiveSumHalf<float16> {};
 template <class U>
 struct CollectiveSumUnsigned {
   using acc = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;  // wraps

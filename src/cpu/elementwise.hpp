@@ -25,18 +25,16 @@ struct Elem {
   static compute load(const T* p, std::int64_t i) { return p[i]; }
   static void store(T* p, std::int64_t i, compute v) { p[i] = v; }
 };
-template <>
-struct Elem<bfloat16> {
+template <class H>
+struct HalfElem {
   using compute = float;
-  static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
-  static void store(bfloat16* p, std::int64_t i, float v) { p[i] = bfloat16::from_float(v); }
+  static float load(const H* p, std::int64_t i) { return p[i].to_float(); }
+  static void store(H* p, std::int64_t i, float v) { p[i] = H::from_float(v); }
 };
 template <>
-struct Elem<float16> {
-  using compute = float;
-  static float load(const float16* p, std::int64_t i) { return p[i].to_float(); }
-  static void store(float16* p, std::int64_t i, float v) { p[i] = float16::from_float(v); }
-};
+struct Elem<bfloat16> : HalfElem<bfloat16> {};
+template <>
+struct Elem<float16> : HalfElem<float16> {};
 
 // exp for float in a form the compiler vectorises (no libm call): range reduction to
 // r in [-ln2/2, ln2/2], a degree-6 polynomial (Cephes expf), scaling by 2^n through the exponent

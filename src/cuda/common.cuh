@@ -21,25 +21,39 @@ struct Elem {
   __device__ static void store(T* p, std::int64_t i, T v) { p[i] = v; }
 };
 
-// bfloat16 is retrace::bfloat16 itself: its constexpr conversions run in device code too
-// (--expt-relaxed-constexpr), so both devices round the same way by construction.
-template <>
-struct Elem<bfloat16> {
+// The 16-bit floats are retrace::bfloat16 and retrace::float16 themselves (not CUDA's types):
+// their constexpr conversions run in device code too (--expt-relaxed-constexpr), so both
+// devices round the same way by construction.
+template <class H>
+struct HalfElem {
   using compute = float;
-  __device__ static float load(const bfloat16* p, std::int64_t i) { return p[i].to_float(); }
-  __device__ static void store(bfloat16* p, std::int64_t i, float v) {
-    p[i] = bfloat16::from_float(v);
-  }
+  __device__ static float load(const H* p, std::int64_t i) { return p[i].to_float(); }
+  __device__ static void store(H* p, std::int64_t i, float v) { p[i] = H::from_float(v); }
 };
-// float16 likewise (retrace::float16, not CUDA's __half: the same rounding code on both devices).
 template <>
-struct Elem<float16> {
-  using compute = float;
-  __device__ static float load(const float16* p, std::int64_t i) { return p[i].to_float(); }
-  __device__ static void store(float16* p, std::int64_t i, float v) {
-    p[i] = float16::from_float(v);
+struct Elem<bfloat16> : HalfElem<bfloat16> {};
+template <>
+struct Elem<float16> : HalfElem<float16> {};
+
+// f(T{}) for the floating dtypes (float, bfloat16, float16); cudaErrorInvalidValue for others,
+// else the launch's error.
+template <class F>
+cudaError_t with_float(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32:
+      f(float{});
+      break;
+    case DType::bfloat16:
+      f(bfloat16{});
+      break;
+    case DType::float16:
+      f(float16{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
-};
+  return cudaGetLastError();
+}
 
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;

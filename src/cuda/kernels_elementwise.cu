@@ -478,37 +478,17 @@ cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx) {
   if (p.count > 0) {
     const auto blocks = (p.count + 3) / 4;
     const bool normal = p.dist == RandomDist::normal;
-    if (p.dtype == DType::float32) {
-      auto* out = static_cast<float*>(p.out);
+    const cudaError_t e = with_float(p.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* out = static_cast<T*>(p.out);
       if (normal) {
-        random_kernel<float, RandomDist::normal>
+        random_kernel<T, RandomDist::normal>
             <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
       } else {
-        random_kernel<float, RandomDist::uniform>
+        random_kernel<T, RandomDist::uniform>
             <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
       }
-    } else if (p.dtype == DType::bfloat16) {
-      auto* out = static_cast<bfloat16*>(p.out);
-      if (normal) {
-        random_kernel<bfloat16, RandomDist::normal>
-            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
-      } else {
-        random_kernel<bfloat16, RandomDist::uniform>
-            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
-      }
-    } else if (p.dtype == DType::float16) {
-      auto* out = static_cast<float16*>(p.out);
-      if (normal) {
-        random_kernel<float16, RandomDist::normal>
-            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
-      } else {
-        random_kernel<float16, RandomDist::uniform>
-            <<<blocks_for(blocks), kThreads, 0, ctx.stream>>>(ctx.record, p.state, out, p.count);
-      }
-    } else {
-      return cudaErrorInvalidValue;
-    }
-    const cudaError_t e = cudaGetLastError();
+    });
     if (e != cudaSuccess) return e;
   }
   if (!p.advance) return cudaSuccess;
@@ -542,20 +522,8 @@ cudaError_t launch_binary_scalar(const BinaryScalarParams& p, const LaunchContex
 }
 
 cudaError_t launch_unary(const UnaryParams& p, const LaunchContext& ctx) {
-  switch (p.dtype) {
-    case DType::float32:
-      launch_unary_typed<float>(p.op, p, ctx);
-      break;
-    case DType::bfloat16:
-      launch_unary_typed<bfloat16>(p.op, p, ctx);
-      break;
-    case DType::float16:
-      launch_unary_typed<float16>(p.op, p, ctx);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return with_float(p.dtype,
+                    [&](auto tag) { launch_unary_typed<decltype(tag)>(p.op, p, ctx); });
 }
 
 cudaError_t launch_typecast(const TypecastParams& p, const LaunchContext& ctx) {

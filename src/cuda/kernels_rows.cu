@@ -194,23 +194,6 @@ __global__ void tilize_kernel(const FailureRecord* record, const T* src, T* dst,
   }
 }
 
-template <class F>
-cudaError_t with_float(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::float32:
-      f(float{});
-      break;
-    case DType::bfloat16:
-      f(bfloat16{});
-      break;
-    case DType::float16:
-      f(float16{});
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
 
 template <class F>
 cudaError_t with_size(std::int32_t elem_size, F&& f) {
