@@ -2,6 +2,9 @@
 // handling, clone and reshape.
 #include "support.hpp"
 
+#include <cmath>
+#include <limits>
+
 namespace retrace {
 namespace {
 
@@ -30,7 +33,11 @@ TEST(TensorTest, HostRoundTripEveryDType) {
   for (const DTypeInfo& info : kDTypeTable) {
     Tensor t = Tensor::from_vector<float>(values, {2, 3}, info.dtype);
     EXPECT_EQ(t.nbytes(), 6u * info.size) << info.name;
-    EXPECT_EQ(t.to_vector<float>(), values) << info.name;
+    if (info.dtype == DType::bool_) {  // 0 or 1: nonzero is true
+      EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 1, 1, 1, 1, 1}));
+    } else {
+      EXPECT_EQ(t.to_vector<float>(), values) << info.name;
+    }
   }
 }
 
@@ -116,6 +123,21 @@ TEST(TensorTest, OutlivesItsDevice) {
   EXPECT_EQ(t.device(), nullptr);
   EXPECT_RETRACE_ERROR((void)t.to_host(), failed_precondition, "cpu:0 was closed");
   EXPECT_RETRACE_ERROR((void)ops::add(t, 1.0), failed_precondition, "closed");
+}
+
+// Host values become storage values as typecast would make them: bool holds 0 or 1 (nonzero and
+// NaN true), floats saturate into integers (NaN 0), 64-bit integers keep every bit.
+TEST(TensorTest, HostConversionsFollowTypecastsRules) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(Tensor::from_vector<float>({2.0f, 0.0f, -0.5f, nan}, {4}, DType::bool_)
+                .to_vector<std::uint8_t>(),
+            (std::vector<std::uint8_t>{1, 0, 1, 1}));
+  EXPECT_EQ(Tensor::from_vector<double>({1e10, -1e10, 2.9, std::nan("")}, {4}, DType::int32)
+                .to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{2147483647, -2147483648, 2, 0}));
+  const std::int64_t big = (std::int64_t{1} << 62) + 1;
+  EXPECT_EQ(Tensor::from_vector<std::int64_t>({big}, {1}, DType::int64).to_vector<std::int64_t>(),
+            std::vector<std::int64_t>{big});
 }
 
 }  // namespace

@@ -132,6 +132,13 @@ Tensor Tensor::from_vector(std::span<const T> values, const Shape& shape, DType 
                 shape, shape.numel());
   Tensor tensor = empty_host(shape, dtype, layout);
   std::byte* raw = tensor.host_.get();
+  if (dtype == DType::bool_) {  // nonzero (NaN included) is true, as typecast to bool
+    auto* out = reinterpret_cast<std::uint8_t*>(raw);
+    for_each_element(shape, layout, [&](std::int64_t i, std::int64_t s) {
+      out[s] = to_double(values[i]) != 0.0 ? 1 : 0;
+    });
+    return tensor;
+  }
   dispatch_dtype(dtype, [&]<class S>(S) {
     S* out = reinterpret_cast<S*>(raw);
     for_each_element(shape, layout,

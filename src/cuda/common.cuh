@@ -55,6 +55,29 @@ cudaError_t with_float(DType dtype, F&& f) {
   return cudaGetLastError();
 }
 
+// f(U{}) with the unsigned type of elem_size bytes (1, 2, 4, 8): for kernels that only move
+// elements; cudaErrorInvalidValue for other sizes, else the launch's error.
+template <class F>
+cudaError_t with_size(std::int32_t elem_size, F&& f) {
+  switch (elem_size) {
+    case 1:
+      f(std::uint8_t{});
+      break;
+    case 2:
+      f(std::uint16_t{});
+      break;
+    case 4:
+      f(std::uint32_t{});
+      break;
+    case 8:
+      f(std::uint64_t{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }

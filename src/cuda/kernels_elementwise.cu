@@ -452,26 +452,12 @@ cudaError_t launch_where(const WhereParams& p, const LaunchContext& ctx) {
   const SelectSpace s = select_space(p, {p.cond_strides, p.a_strides, p.b_strides});
   if (s.count == 0) return cudaSuccess;
   const unsigned int blocks = blocks_for(s.count);
-  switch (p.elem_size) {
-    case 1:
-      where_kernel<std::uint8_t><<<blocks, kThreads, 0, ctx.stream>>>(
-          ctx.record, s, p.cond, static_cast<const std::uint8_t*>(p.a),
-          static_cast<const std::uint8_t*>(p.b), static_cast<std::uint8_t*>(p.out));
-      break;
-    case 2:
-      where_kernel<std::uint16_t><<<blocks, kThreads, 0, ctx.stream>>>(
-          ctx.record, s, p.cond, static_cast<const std::uint16_t*>(p.a),
-          static_cast<const std::uint16_t*>(p.b), static_cast<std::uint16_t*>(p.out));
-      break;
-    case 4:
-      where_kernel<std::uint32_t><<<blocks, kThreads, 0, ctx.stream>>>(
-          ctx.record, s, p.cond, static_cast<const std::uint32_t*>(p.a),
-          static_cast<const std::uint32_t*>(p.b), static_cast<std::uint32_t*>(p.out));
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return with_size(p.elem_size, [&](auto tag) {
+    using T = decltype(tag);
+    where_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(
+        ctx.record, s, p.cond, static_cast<const T*>(p.a), static_cast<const T*>(p.b),
+        static_cast<T*>(p.out));
+  });
 }
 
 cudaError_t launch_random(const RandomParams& p, const LaunchContext& ctx) {

@@ -195,26 +195,6 @@ __global__ void tilize_kernel(const FailureRecord* record, const T* src, T* dst,
 }
 
 
-template <class F>
-cudaError_t with_size(std::int32_t elem_size, F&& f) {
-  switch (elem_size) {
-    case 1:
-      f(std::uint8_t{});
-      break;
-    case 2:
-      f(std::uint16_t{});
-      break;
-    case 4:
-      f(std::uint32_t{});
-      break;
-    case 8:
-      f(std::uint64_t{});
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
 
 }  // namespace
 
