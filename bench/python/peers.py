@@ -338,8 +338,13 @@ def main() -> int:
     failed = False
     for row in rows:
         size, threads = row["size"], int(row["threads"])
+        path = args.steps_dir / f"dit_step_{size}.safetensors"
+        if not path.exists():
+            print(f"peers: no {path} (run retrace bench --export-steps {args.steps_dir}); "
+                  f"size {size} skipped")
+            continue
         if size not in steps:
-            steps[size] = Step(size, args.steps_dir / f"dit_step_{size}.safetensors")
+            steps[size] = Step(size, path)
         s = steps[size]
         best = None
         for peer in args.peers.split(","):
