@@ -456,23 +456,6 @@ TEST_F(OpSelectTest, AnOutOfRangeIndexFailsTheQueueNamingIt) {
 
 // --- logical ops ---------------------------------------------------------------------------------
 
-// The element of an operand of shape `in` that output element `flat` (of shape `out`) reads,
-// under numpy broadcasting.
-std::size_t broadcast_at(std::int64_t flat, const Shape& out, const Shape& in) {
-  std::int64_t at = 0, stride = 1;
-  const std::size_t offset = out.rank() - in.rank();
-  for (std::size_t d = out.rank(); d-- > 0;) {
-    const std::int64_t i = flat % out[d];
-    flat /= out[d];
-    if (d >= offset) {
-      const std::int64_t extent = in[d - offset];
-      if (extent != 1) at += i * stride;
-      stride *= extent;
-    }
-  }
-  return static_cast<std::size_t>(at);
-}
-
 std::vector<bool> truths(const std::vector<float>& v) {
   std::vector<bool> out;
   for (float x : v) out.push_back(x != 0.0f || std::isnan(x));  // NaN is true, as torch
@@ -509,8 +492,8 @@ TEST_F(OpSelectTest, LogicalOpsFollowTorch) {
       const Shape out_shape = ops::logical_and(ta, tb).shape();
       std::vector<bool> want_and, want_or, want_xor;
       for (std::int64_t i = 0; i < out_shape.numel(); ++i) {
-        const bool x = av[broadcast_at(i, out_shape, sa)];
-        const bool y = bv[broadcast_at(i, out_shape, sb)];
+        const bool x = av[source_index(sa, out_shape, i)];
+        const bool y = bv[source_index(sb, out_shape, i)];
         want_and.push_back(x && y);
         want_or.push_back(x || y);
         want_xor.push_back(x != y);

@@ -111,7 +111,7 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
 [[nodiscard]] Tensor logical_xor(const Tensor& a, const Tensor& b, QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor logical_not(const Tensor& a, QueueId queue = kDefaultQueue);
 
-// Indexed reads, as torch's (any dtype; indices int32, each in [0, size of the indexed
+// Indexed reads, as torch's (any dtype; indices int32 or int64, each in [0, size of the indexed
 // dimension): a bad index fails the queue with a device_error naming the op, the index element
 // and its value, reported at the next synchronisation, as assert_finite's; negative indices are
 // not wrapped). Row-major tensors.

@@ -21,10 +21,6 @@ namespace retrace::detail {
   return std::bit_cast<float>(past ? bits - 1u : bits + 1u);
 }
 
-}  // namespace retrace::detail
-
-namespace retrace::detail {
-
 // A double as storage type T, rounded once: the 16-bit floats through from_double, float and
 // the integer types by a plain conversion (callers check integer values are in range).
 template <class T>

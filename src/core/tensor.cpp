@@ -1,4 +1,5 @@
 #include "retrace/tensor.hpp"
+#include "retrace/round_to_odd.hpp"
 #include "util/float_to_int.hpp"
 
 #include "retrace/dtype_dispatch.hpp"
@@ -71,15 +72,6 @@ double to_double(T v) {
   }
 }
 
-template <class T>
-T from_double(double v) {
-  if constexpr (kHalfFloat<T>) {
-    return T::from_double(v);
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
 // Converts between host values of type T and storage of type S.
 template <class T, class S>
 S convert(T v) {
@@ -94,7 +86,7 @@ S convert(T v) {
   } else if constexpr (kHalfFloat<S> && std::is_same_v<T, float>) {
     return S::from_float(v);
   } else {
-    return from_double<S>(to_double(v));
+    return detail::narrow_from_double<S>(to_double(v));
   }
 }
 

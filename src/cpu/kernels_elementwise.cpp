@@ -227,15 +227,8 @@ KernelFn resolve(const CompareParams& p) {
 }
 
 KernelFn resolve(const WhereParams& p) {
-  switch (p.elem_size) {
-    case 1: return &where_kernel<std::uint8_t>;
-    case 2: return &where_kernel<std::uint16_t>;
-    case 4: return &where_kernel<std::uint32_t>;
-    case 8: return &where_kernel<std::uint64_t>;
-    default: break;
-  }
-  RETRACE_FAIL(unimplemented, "the CPU device has no where kernel for {}-byte elements",
-               p.elem_size);
+  return by_elem_size(p.elem_size, "where",
+                      []<class T>(T) -> KernelFn { return &where_kernel<T>; });
 }
 
 KernelFn resolve(const BinaryParams& p) {

@@ -8,6 +8,7 @@
 #include "retrace/kernels.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 namespace retrace::cpu {
@@ -40,6 +41,21 @@ void row_offsets(std::int64_t row, const std::int64_t* shape, int last,
     row /= shape[d];
     for (std::size_t k = 0; k < N; ++k) offsets[k] += i * strides[k][d];
   }
+}
+
+// For kernels that only move elements: the kernel make(U{}) returns for the unsigned type U of
+// `elem_size` bytes (1, 2, 4 or 8), or an `unimplemented` error naming `what`.
+template <class Make>
+KernelFn by_elem_size(std::int32_t elem_size, std::string_view what, Make&& make) {
+  switch (elem_size) {
+    case 1: return make(std::uint8_t{});
+    case 2: return make(std::uint16_t{});
+    case 4: return make(std::uint32_t{});
+    case 8: return make(std::uint64_t{});
+    default: break;
+  }
+  RETRACE_FAIL(unimplemented, "the CPU device has no {} kernel for {}-byte elements", what,
+               elem_size);
 }
 
 // The float32, bfloat16 or float16 instantiation K<T>::run for p.dtype.

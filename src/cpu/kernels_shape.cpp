@@ -132,38 +132,15 @@ void tilize_kernel(const std::byte* raw) {
 }  // namespace
 
 KernelFn resolve(const StridedCopyParams& p) {
-  switch (p.elem_size) {
-    case 1:
-      return &strided_copy_kernel<std::uint8_t>;
-    case 2:
-      return &strided_copy_kernel<std::uint16_t>;
-    case 4:
-      return &strided_copy_kernel<std::uint32_t>;
-    case 8:
-      return &strided_copy_kernel<std::uint64_t>;
-    default:
-      break;
-  }
-  RETRACE_FAIL(unimplemented, "the CPU device has no strided_copy kernel for {}-byte elements", p.elem_size);
-}
-
-template <class I>
-KernelFn gather_for(std::int32_t elem_size) {
-  switch (elem_size) {
-    case 1: return &gather_kernel<std::uint8_t, I>;
-    case 2: return &gather_kernel<std::uint16_t, I>;
-    case 4: return &gather_kernel<std::uint32_t, I>;
-    case 8: return &gather_kernel<std::uint64_t, I>;
-    default: return nullptr;
-  }
+  return by_elem_size(p.elem_size, "strided_copy",
+                      []<class T>(T) -> KernelFn { return &strided_copy_kernel<T>; });
 }
 
 KernelFn resolve(const GatherParams& p) {
-  const KernelFn fn = p.index_size == 8 ? gather_for<std::int64_t>(p.elem_size)
-                                        : gather_for<std::int32_t>(p.elem_size);
-  if (fn != nullptr) return fn;
-  RETRACE_FAIL(unimplemented, "the CPU device has no gather kernel for {}-byte elements",
-               p.elem_size);
+  const bool wide = p.index_size == 8;  // int64 indices, else int32
+  return by_elem_size(p.elem_size, "gather", [wide]<class T>(T) -> KernelFn {
+    return wide ? &gather_kernel<T, std::int64_t> : &gather_kernel<T, std::int32_t>;
+  });
 }
 
 KernelFn resolve(const TypecastParams& p) {

@@ -78,6 +78,22 @@ cudaError_t with_size(std::int32_t elem_size, F&& f) {
   return cudaGetLastError();
 }
 
+// Fails the command from a kernel thread: keeps the lowest (element << 32 | value bits) in the
+// record (so the first bad element is the one reported), names the site, makes later kernels
+// skip and raises the host-mapped flag. `element` is clamped to 32 bits.
+__device__ inline void record_failure(FailureRecord* record, unsigned int* host_flag,
+                                      unsigned int site, std::int64_t element,
+                                      std::uint32_t value_bits) {
+  const unsigned long long index =
+      element < 0xffffffffLL ? static_cast<unsigned long long>(element) : 0xffffffffULL;
+  atomicMin(&record->element, (index << 32) | value_bits);
+  record->site = site;
+  __threadfence();
+  atomicExch(&record->abort, 1u);
+  *reinterpret_cast<volatile unsigned int*>(host_flag) = site;
+  __threadfence_system();
+}
+
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }

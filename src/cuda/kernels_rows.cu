@@ -99,16 +99,7 @@ __global__ void assert_finite_kernel(FailureRecord* record, unsigned int* host_f
   if (aborted(record)) return;
   RETRACE_GRID_STRIDE(i, n) {
     const float v = static_cast<float>(Elem<T>::load(data, i));
-    if (!isfinite(v)) {
-      const unsigned long long index =
-          i < 0xffffffffLL ? static_cast<unsigned long long>(i) : 0xffffffffULL;
-      atomicMin(&record->element, (index << 32) | __float_as_uint(v));
-      record->site = site;
-      __threadfence();
-      atomicExch(&record->abort, 1u);
-      *reinterpret_cast<volatile unsigned int*>(host_flag) = site;
-      __threadfence_system();
-    }
+    if (!isfinite(v)) record_failure(record, host_flag, site, i, __float_as_uint(v));
   }
 }
 
@@ -154,16 +145,9 @@ __global__ void gather_kernel(FailureRecord* record, unsigned int* host_flag, un
     g.offsets(i, at_src, at_index);
     const std::int64_t v = index[at_index];
     if (v < 0 || v >= dim_size) {
-      const unsigned long long element =
-          at_index < 0xffffffffLL ? static_cast<unsigned long long>(at_index) : 0xffffffffULL;
       const std::int64_t shown = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v;
-      atomicMin(&record->element,
-                (element << 32) | static_cast<std::uint32_t>(static_cast<std::int32_t>(shown)));
-      record->site = site;
-      __threadfence();
-      atomicExch(&record->abort, 1u);
-      *reinterpret_cast<volatile unsigned int*>(host_flag) = site;
-      __threadfence_system();
+      record_failure(record, host_flag, site, at_index,
+                     static_cast<std::uint32_t>(static_cast<std::int32_t>(shown)));
       continue;
     }
     out[i] = src[at_src + static_cast<std::int64_t>(v) * dim_stride];
@@ -273,16 +257,17 @@ cudaError_t launch_gather(const GatherParams& p, const LaunchContext& ctx) {
   const TwoOperandSpace g = make_space(p.shape, p.src_strides, p.index_strides, p.rank);
   return with_size(p.elem_size, [&](auto tag) {
     using T = decltype(tag);
+    auto launch = [&](auto index_tag) {  // int64 or int32 indices
+      using I = decltype(index_tag);
+      gather_kernel<T, I><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+          ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src),
+          static_cast<const I*>(p.index), static_cast<T*>(p.out), n, g, p.dim_stride,
+          p.dim_size);
+    };
     if (p.index_size == 8) {
-      gather_kernel<T, std::int64_t><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
-          ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src),
-          static_cast<const std::int64_t*>(p.index), static_cast<T*>(p.out), n, g, p.dim_stride,
-          p.dim_size);
+      launch(std::int64_t{});
     } else {
-      gather_kernel<T, std::int32_t><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
-          ctx.record, ctx.host_flag, ctx.site, static_cast<const T*>(p.src),
-          static_cast<const std::int32_t*>(p.index), static_cast<T*>(p.out), n, g, p.dim_stride,
-          p.dim_size);
+      launch(std::int32_t{});
     }
   });
 }

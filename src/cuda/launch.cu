@@ -13,6 +13,12 @@ const P& as(const void* params) {
 bool is_float(DType dtype) {
   return dtype_info(dtype).is_floating;
 }
+
+// Kernels that only move elements take 1, 2, 4 and 8 bytes (see with_size).
+const char* unmovable(std::int32_t elem_size) {
+  const bool ok = elem_size == 1 || elem_size == 2 || elem_size == 4 || elem_size == 8;
+  return ok ? nullptr : "elements of this size";
+}
 }  // namespace
 
 std::size_t scratch_bytes(KernelId kernel, const void* params) noexcept {
@@ -60,27 +66,19 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
       if (!is_float(p.dtype)) return "attention on integers";
       return p.batch * p.heads * p.sq > kMaxRows ? "more than 2^31-1 query rows" : nullptr;
     }
-    case KernelId::strided_copy: {
-      const int es = as<StridedCopyParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
-    }
-    case KernelId::tilize: {
-      const int es = as<TilizeParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
-    }
+    case KernelId::strided_copy:
+      return unmovable(as<StridedCopyParams>(params).elem_size);
+    case KernelId::tilize:
+      return unmovable(as<TilizeParams>(params).elem_size);
     case KernelId::collective:
       // Mesh collectives on GPUs need NCCL inside the CUDA graph: not built yet.
       return "collectives (mesh devices of CUDA members)";
     case KernelId::random:
       return is_float(as<RandomParams>(params).dtype) ? nullptr : "random numbers of integers";
-    case KernelId::where: {
-      const int es = as<WhereParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
-    }
-    case KernelId::gather: {
-      const int es = as<GatherParams>(params).elem_size;
-      return es == 1 || es == 2 || es == 4 || es == 8 ? nullptr : "elements of this size";
-    }
+    case KernelId::where:
+      return unmovable(as<WhereParams>(params).elem_size);
+    case KernelId::gather:
+      return unmovable(as<GatherParams>(params).elem_size);
     case KernelId::compare:
     case KernelId::fill:
     case KernelId::copy:
