@@ -154,6 +154,44 @@ TEST_F(OpEdgesTest, IntegerArithmeticHasDefinedResults) {
   EXPECT_RETRACE_ERROR((void)ops::add(u, -1.0), invalid_argument, "range of uint32");
 }
 
+TEST_F(OpEdgesTest, TrueDivideGivesFloatsAsPythonsSlash) {
+  const float int_min = -2147483648.0f, inf = std::numeric_limits<float>::infinity();
+  const Tensor a = device_tensor(device(), {7, -7, int_min, 5, 0, 1}, {6}, DType::int32);
+  const Tensor b = device_tensor(device(), {2, 2, -1, 0, 0, 3}, {6}, DType::int32);
+  const Tensor q = ops::true_divide(a, b);
+  EXPECT_EQ(q.dtype(), DType::float32);
+  const std::vector<float> got = q.to_vector<float>();
+  EXPECT_EQ(got[0], 3.5f);
+  EXPECT_EQ(got[1], -3.5f);
+  EXPECT_EQ(got[2], 2147483648.0f);
+  EXPECT_EQ(got[3], inf);
+  EXPECT_TRUE(std::isnan(got[4]));
+  EXPECT_EQ(got[5], 1.0f / 3.0f);
+  // A fractional scalar divisor, and broadcasting against a float operand of another width.
+  EXPECT_EQ(ops::true_divide(a, 0.5).to_vector<float>()[0], 14.0f);
+  const Tensor halves = device_tensor(device(), {2}, {1}, DType::bfloat16);
+  const Tensor mixed = ops::true_divide(a, halves);
+  EXPECT_EQ(mixed.dtype(), DType::bfloat16);
+  EXPECT_EQ(mixed.to_vector<float>()[0], 3.5f);
+  EXPECT_EQ(ops::true_divide(device_tensor(device(), {1, 0}, {2}, DType::bool_), 4.0)
+                .to_vector<float>(),
+            (std::vector<float>{0.25f, 0.0f}));
+  // Floats divide as div does; int64 promotes to float32 too.
+  const Tensor f = device_tensor(device(), {1, 2}, {2});
+  EXPECT_EQ(ops::true_divide(f, 4.0).to_vector<float>(), ops::div(f, 4.0).to_vector<float>());
+  EXPECT_EQ(ops::true_divide(device_tensor(device(), {9}, {1}, DType::int64), 2.0).dtype(),
+            DType::float32);
+  // out= takes the floating result; an integer out is refused by name.
+  const Tensor out = ops::full({6}, 0.0, device());
+  ops::true_divide(a, b, out);
+  EXPECT_EQ(out.to_vector<float>()[0], 3.5f);
+  EXPECT_RETRACE_ERROR(ops::true_divide(a, b, a), invalid_argument, "true_divide");
+  EXPECT_RETRACE_ERROR((void)ops::true_divide(a, ops::full({4}, 1.0, device(), DType::int32)),
+                       invalid_argument, "true_divide");
+  EXPECT_RETRACE_ERROR((void)ops::true_divide(Tensor{}, 2.0), invalid_argument,
+                       "true_divide: a is a null tensor");
+}
+
 TEST_F(OpEdgesTest, ErrorsNameTheOpTheUserCalled) {
   const Tensor a = floats({1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_RETRACE_ERROR((void)ops::reshape(a, {4, 2}), invalid_argument, "reshape");

@@ -1,9 +1,12 @@
-// pad, interpolate_nearest and conv2d against float64 references computed here (direct loops),
+// pad, interpolate (nearest, nearest-exact, bilinear) and conv2d against float64 references computed here (direct loops),
 // in float32 and bfloat16, with strides, padding, dilation, groups (depthwise included), 1x1
 // kernels, empty batches and size-1 extents; traced == eager bit for bit; errors.
 #include "support.hpp"
 
+#include <algorithm>
+#include <array>
 #include <bit>
+#include <limits>
 #include <cmath>
 
 namespace retrace {
@@ -142,6 +145,161 @@ TEST_F(OpImageTest, InterpolateNearestRepeatsOrSkipsElements) {
             (Shape{0, 4, 4}));
 }
 
+// torch's source coordinates (float32 arithmetic, as torch computes them for float inputs).
+float torch_scale(std::int64_t in, std::int64_t out, bool aligned) {
+  if (aligned) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  return static_cast<float>(in) / static_cast<float>(out);
+}
+
+std::int64_t torch_nearest(std::int64_t in, std::int64_t out, std::int64_t i, bool exact) {
+  if (in == out) return i;
+  const float scale = torch_scale(in, out, false);
+  const float at = exact ? (static_cast<float>(i) + 0.5f) * scale : static_cast<float>(i) * scale;
+  return std::min(static_cast<std::int64_t>(std::floor(at)), in - 1);
+}
+
+// (i0, i1, lambda0, lambda1) of torch's upsample_bilinear2d for output i.
+struct Taps {
+  std::int64_t i0, i1;
+  double l0, l1;
+};
+Taps torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
+  if (in == out) return {i, i, 1.0, 0.0};
+  const float scale = torch_scale(in, out, aligned);
+  float src = aligned ? scale * static_cast<float>(i)
+                      : scale * (static_cast<float>(i) + 0.5f) - 0.5f;
+  if (!aligned && src < 0) src = 0;
+  const std::int64_t i0 = std::min(static_cast<std::int64_t>(std::floor(src)), in - 1);
+  const float l1 = std::clamp(src - static_cast<float>(i0), 0.0f, 1.0f);
+  return {i0, std::min(i0 + 1, in - 1), 1.0f - l1, l1};
+}
+
+TEST_F(OpImageTest, InterpolateNearestPicksTorchsElementsForEveryRatio) {
+  std::uint64_t salt = 100;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::int32, DType::int64}) {
+    for (bool exact : {false, true}) {
+      const ops::InterpolateOptions options{
+          exact ? ops::InterpolateMode::nearest_exact : ops::InterpolateMode::nearest, false};
+      for (std::int64_t ih : {1, 2, 3, 5, 7}) {
+        for (std::int64_t oh : {1, 2, 3, 4, 6, 7, 10, 15}) {
+          const std::int64_t iw = 1 + (ih * 3 + oh) % 6, ow = 1 + (oh * 5 + ih) % 13;
+          std::vector<float> v = testing::random_floats(static_cast<std::size_t>(2 * ih * iw),
+                                                        ++salt, -100.0f, 100.0f);
+          for (float& x : v) x = std::round(x);
+          const Tensor a = device_tensor(device(), v, {2, ih, iw}, dtype);
+          const Tensor y = ops::interpolate(a, oh, ow, options);
+          ASSERT_EQ(y.shape(), (Shape{2, oh, ow}));
+          const std::vector<double> got = y.to_vector<double>();
+          for (std::int64_t m = 0; m < 2; ++m) {
+            for (std::int64_t i = 0; i < oh; ++i) {
+              for (std::int64_t j = 0; j < ow; ++j) {
+                const std::int64_t si = torch_nearest(ih, oh, i, exact);
+                const std::int64_t sj = torch_nearest(iw, ow, j, exact);
+                ASSERT_EQ(got[static_cast<std::size_t>((m * oh + i) * ow + j)],
+                          v[static_cast<std::size_t>((m * ih + si) * iw + sj)])
+                    << dtype_name(dtype) << " exact " << exact << " " << ih << "x" << iw << " -> " << oh
+                    << "x" << ow << " at " << m << "," << i << "," << j;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OpImageTest, InterpolateKnownValues) {
+  const Tensor a = device_tensor(device(), {1, 2, 3, 4}, {1, 1, 2, 2});
+  using M = ops::InterpolateMode;
+  EXPECT_EQ(ops::interpolate(a, 4, 4, {M::bilinear}).to_vector<float>(),
+            (std::vector<float>{1.0f, 1.25f, 1.75f, 2.0f, 1.5f, 1.75f, 2.25f, 2.5f,  //
+                                2.5f, 2.75f, 3.25f, 3.5f, 3.0f, 3.25f, 3.75f, 4.0f}));
+  const std::vector<float> aligned = ops::interpolate(a, 4, 4, {M::bilinear, true}).to_vector<float>();
+  const double third = 1.0 / 3.0;
+  const std::vector<double> want{1, 1 + third, 2 - third, 2,           //
+                                 2 - third, 2, 2 + third, 3 - third,  //
+                                 2 + third, 3 - third, 3, 3 + third,  //
+                                 3, 3 + third, 4 - third, 4};
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(aligned[i], want[i], 1e-6) << i;
+  EXPECT_EQ(ops::interpolate(a, 3, 3).to_vector<float>(),
+            (std::vector<float>{1, 1, 2, 1, 1, 2, 3, 3, 4}));
+  EXPECT_EQ(ops::interpolate(a, 3, 3, {M::nearest_exact}).to_vector<float>(),
+            (std::vector<float>{1, 2, 2, 3, 4, 4, 3, 4, 4}));
+  // Down to one pixel: half-pixel centres read the middle; aligned corners the first element.
+  EXPECT_EQ(ops::interpolate(a, 1, 1, {M::bilinear}).to_vector<float>(), std::vector<float>{2.5f});
+  EXPECT_EQ(ops::interpolate(a, 1, 1, {M::bilinear, true}).to_vector<float>(),
+            std::vector<float>{1.0f});
+  // Unchanged sizes copy, infinities and NaN included (no 0 * inf).
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor b = device_tensor(device(), {inf, -inf, 1, 2}, {1, 1, 2, 2});
+  const Tensor same = ops::interpolate(b, 2, 2, {M::bilinear});
+  EXPECT_NE(same.buffer(), b.buffer());
+  EXPECT_EQ(same.to_vector<float>(), (std::vector<float>{inf, -inf, 1, 2}));
+  EXPECT_EQ(ops::interpolate(ops::full({0, 3, 2, 2}, 1.0, device()), 5, 5, {M::bilinear}).shape(),
+            (Shape{0, 3, 5, 5}));
+  EXPECT_EQ(ops::interpolate(a, 0, 3, {M::bilinear}).shape(), (Shape{1, 1, 0, 3}));
+}
+
+TEST_F(OpImageTest, InterpolateBilinearMatchesAFloat64Reference) {
+  std::uint64_t salt = 300;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    for (bool aligned : {false, true}) {
+      for (const auto& [ih, iw, oh, ow] : std::vector<std::array<std::int64_t, 4>>{
+               {2, 2, 4, 4}, {3, 5, 7, 4}, {8, 8, 16, 16}, {9, 6, 4, 3}, {1, 4, 3, 9},
+               {5, 1, 5, 6}, {4, 4, 1, 7}, {13, 11, 32, 29}, {32, 32, 17, 45}}) {
+        const std::int64_t n = 2, c = 3;
+        const auto v = testing::random_floats(static_cast<std::size_t>(n * c * ih * iw), ++salt);
+        const std::vector<double> x = stored(v, dtype);
+        const Tensor a = device_tensor(device(), v, {n, c, ih, iw}, dtype);
+        const Tensor y = ops::interpolate(a, oh, ow, {ops::InterpolateMode::bilinear, aligned});
+        ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
+        ASSERT_EQ(y.dtype(), dtype);
+        const std::vector<double> got = y.to_vector<double>();
+        const double tol = dtype == DType::float32    ? 4e-7
+                           : dtype == DType::bfloat16 ? 8e-3
+                                                      : 1e-3;
+        for (std::int64_t m = 0; m < n * c; ++m) {
+          for (std::int64_t i = 0; i < oh; ++i) {
+            const Taps h = torch_linear(ih, oh, i, aligned);
+            for (std::int64_t j = 0; j < ow; ++j) {
+              const Taps w = torch_linear(iw, ow, j, aligned);
+              auto at = [&](std::int64_t r, std::int64_t col) {
+                return x[static_cast<std::size_t>((m * ih + r) * iw + col)];
+              };
+              const double want = h.l0 * (w.l0 * at(h.i0, w.i0) + w.l1 * at(h.i0, w.i1)) +
+                                  h.l1 * (w.l0 * at(h.i1, w.i0) + w.l1 * at(h.i1, w.i1));
+              ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)], want, tol)
+                  << dtype_name(dtype) << " aligned " << aligned << " " << ih << "x" << iw << " -> " << oh
+                  << "x" << ow << " at " << m << "," << i << "," << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OpImageTest, InterpolateTracedEqualsEagerBitForBit) {
+  using M = ops::InterpolateMode;
+  auto f = [&](const Tensor& x) {
+    const Tensor a = ops::interpolate(x, 11, 7, {M::bilinear});
+    const Tensor b = ops::interpolate(a, 5, 9, {M::bilinear, true});
+    return ops::add(ops::interpolate(b, 3, 4), ops::interpolate(b, 3, 4, {M::nearest_exact}));
+  };
+  auto tracer = make_tracer(f, device());
+  for (std::uint64_t call = 0; call < 3; ++call) {
+    const Tensor x = device_tensor(device(), testing::random_floats(2 * 3 * 6 * 5, 40 + call),
+                                   {2, 3, 6, 5});
+    const std::vector<float> traced = tracer(x).to_vector<float>();
+    const std::vector<float> eager = f(x).to_vector<float>();
+    ASSERT_EQ(traced.size(), eager.size());
+    for (std::size_t i = 0; i < eager.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(traced[i]), std::bit_cast<std::uint32_t>(eager[i]))
+          << i;
+    }
+  }
+}
+
 TEST_F(OpImageTest, TracedEqualsEagerBitForBit) {
   const Tensor w = device_tensor(device(), testing::random_floats(8 * 4 * 9, 1), {8, 4, 3, 3});
   const Tensor bias = device_tensor(device(), testing::random_floats(8, 2), {8});
@@ -188,8 +346,15 @@ TEST_F(OpImageTest, BadInputIsRefusedWithTheOpsName) {
   expect_error([&] { (void)ops::pad(x, {-1, 0}); }, E, "pad: padding of dimension 3 is (-1, 0)");
   expect_error([&] { (void)ops::pad(ops::full({3}, 1.0, device(), DType::int32), {1, 1}, 0.5); },
                E, "pad");
-  expect_error([&] { (void)ops::interpolate_nearest(x, 7, 5); }, ErrorCategory::unimplemented,
-               "interpolate_nearest: height 5 -> 7");
+  expect_error([&] { (void)ops::interpolate_nearest(x, -1, 5); }, E,
+               "interpolate_nearest: output height is -1");
+  expect_error([&] { (void)ops::interpolate(x, 7, 5, {ops::InterpolateMode::nearest, true}); }, E,
+               "interpolate: align_corners applies to mode bilinear, not nearest");
+  expect_error([&] { (void)ops::interpolate(ops::full({1, 1, 2, 2}, 1.0, device(), DType::int32),
+                                            3, 3, {ops::InterpolateMode::bilinear}); },
+               E, "interpolate");
+  expect_error([&] { (void)ops::interpolate(ops::full({1, 0, 2}, 1.0, device()), 3, 3); }, E,
+               "interpolate: cannot resize an empty height of 0 to 3");
   expect_error([&] { (void)ops::interpolate_nearest(ops::full({5}, 1.0, device()), 2, 2); }, E,
                "interpolate_nearest: a has rank 1");
 }

@@ -10,9 +10,10 @@
 // operand), as in numpy; exp overflows to inf past ~88.72 and underflows through the
 // subnormals to 0. Integer arithmetic is defined for every input: add, sub, mul and pow wrap
 // modulo 2^32 (2^64 for int64); pow with a negative exponent gives 0 but for bases 1 and -1 (the integer part of
-// the exact result); div truncates toward zero, x / 0 gives 0 and INT_MIN / -1 gives INT_MIN; a scalar for
-// an integer tensor must be a whole number in the dtype's range (invalid_argument otherwise:
-// typecast to float32 for fractional arithmetic).
+// the exact result); div truncates toward zero, x / 0 gives 0 and INT_MIN / -1 gives INT_MIN
+// (true_divide promotes to float32 instead, as Python's `/`); a scalar for an integer tensor
+// must be a whole number in the dtype's range (invalid_argument otherwise: use true_divide, or
+// typecast the tensor to float32, for fractional arithmetic).
 //
 //   auto y = retrace::ops::add(x, bias);                      // numpy-style broadcasting
 //   auto h = retrace::ops::gelu(retrace::ops::linear(x, w1, b1));
@@ -69,6 +70,11 @@ RETRACE_DECLARE_BINARY(div)
 RETRACE_DECLARE_BINARY(maximum)
 RETRACE_DECLARE_BINARY(minimum)
 RETRACE_DECLARE_BINARY(pow)  // a ** b (C's powf for floats; integers: see the header comment)
+// Division that always gives a float, as torch.true_divide and Python's `/`: an integer or bool
+// operand is converted to the other operand's floating dtype, or to float32 when neither is
+// floating (an integer beyond 2^24 rounds on the way, as in torch), then divided (x / 0 is
+// +-inf, 0 / 0 NaN). Any scalar divisor, fractional included. The out= tensor has that dtype.
+RETRACE_DECLARE_BINARY(true_divide)
 #undef RETRACE_DECLARE_BINARY
 
 // min(max(a, lo), hi) as torch.clamp: a NaN stays NaN; lo > hi gives hi; either bound may be
@@ -289,10 +295,24 @@ enum class Causal : bool { no = false, yes = true };
                          QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor pad(const Tensor& a, std::initializer_list<std::int64_t> pads,
                          double value = 0.0, QueueId queue = kDefaultQueue);
-// Nearest-neighbour resizing of the last two dimensions [..., H, W] -> [..., out_h, out_w], as
-// torch's interpolate(mode="nearest"): output element i reads input floor(i * in / out). Each
-// output extent is a whole multiple of the input's (upsampling: every element repeated) or a
-// whole divisor (downsampling: every k-th element); other ratios are `unimplemented`.
+// Resizing of the last two dimensions [..., H, W] -> [..., out_h, out_w], as torch's
+// interpolate(size=(out_h, out_w), mode=...) computes it (source coordinates in float32 with
+// torch's formulas, so nearest picks torch's elements for every size):
+//   nearest        output i reads input min(floor(i * (in / out)), in - 1); any dtype.
+//   nearest_exact  ... min(floor((i + 0.5) * (in / out)), in - 1) (torch's "nearest-exact").
+//   bilinear       two-tap linear interpolation along W then H; align_corners as torch's
+//                  (false: half-pixel centres, sources clamped at 0; true: the corner samples
+//                  line up). float32, bfloat16, float16 (computed in float32, rounded once).
+// An unchanged extent is copied as it is. align_corners with a nearest mode is invalid_argument.
+enum class InterpolateMode { nearest, nearest_exact, bilinear };
+struct InterpolateOptions {
+  InterpolateMode mode = InterpolateMode::nearest;
+  bool align_corners = false;
+};
+[[nodiscard]] Tensor interpolate(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
+                                 const InterpolateOptions& options = {},
+                                 QueueId queue = kDefaultQueue);
+// interpolate with mode nearest.
 [[nodiscard]] Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
                                          QueueId queue = kDefaultQueue);
 struct Conv2dOptions {

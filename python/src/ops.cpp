@@ -7,6 +7,7 @@
 
 #include <array>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
 #include <vector>
@@ -272,10 +273,13 @@ void bind_ops(nb::module_& m) {
   RETRACE_PY_BINARY(add, "a + b (numpy broadcasting).");
   RETRACE_PY_BINARY(sub, "a - b (numpy broadcasting).");
   RETRACE_PY_BINARY(mul, "a * b (numpy broadcasting).");
-  RETRACE_PY_BINARY(div, "a / b (integers truncate; x / 0 is 0).");
+  RETRACE_PY_BINARY(div, "a / b in the operands' dtype (integers truncate; x / 0 is 0).");
   RETRACE_PY_BINARY(maximum, "Elementwise maximum (NaN propagates).");
   RETRACE_PY_BINARY(minimum, "Elementwise minimum (NaN propagates).");
   RETRACE_PY_BINARY(pow, "a ** b.");
+  RETRACE_PY_BINARY(true_divide,
+                    "a / b in floating point (integers promote to float32, as torch and the "
+                    "`/` operator).");
 #undef RETRACE_PY_BINARY
 
 #define RETRACE_PY_UNARY(name)                                                                  \
@@ -520,17 +524,44 @@ void bind_ops(nb::module_& m) {
       nb::arg("queue") = nb::none(),
       "Constant padding, torch.nn.functional.pad's order: (before, after) pairs from the last "
       "dimension.");
+  const auto size_pair = [](nb::handle size, const char* op) {
+    const std::vector<std::int64_t> s = int_list(size, op, "size");
+    RETRACE_CHECK(s.size() == 2, invalid_argument, "{}: size is (out_h, out_w), got {} values", op,
+                  s.size());
+    return s;
+  };
   ops.def(
       "interpolate_nearest",
-      [](const Tensor& a, nb::handle size, nb::handle queue) {
-        const std::vector<std::int64_t> s = int_list(size, "interpolate_nearest", "size");
-        RETRACE_CHECK(s.size() == 2, invalid_argument,
-                      "interpolate_nearest: size is (out_h, out_w), got {} values", s.size());
+      [size_pair](const Tensor& a, nb::handle size, nb::handle queue) {
+        const std::vector<std::int64_t> s = size_pair(size, "interpolate_nearest");
         return ops::interpolate_nearest(a, s[0], s[1], parse_queue(queue));
       },
       nb::arg("a"), nb::arg("size"), nb::kw_only(), nb::arg("queue") = nb::none(),
-      "Nearest-neighbour resizing of the last two dimensions to size (whole multiples or "
-      "divisors of the input's).");
+      "Nearest-neighbour resizing of the last two dimensions to size, as "
+      "torch's interpolate(mode='nearest').");
+  ops.def(
+      "interpolate",
+      [size_pair](const Tensor& a, nb::handle size, std::string_view mode, bool align_corners,
+                  nb::handle queue) {
+        const std::vector<std::int64_t> s = size_pair(size, "interpolate");
+        ops::InterpolateOptions options;
+        options.align_corners = align_corners;
+        if (mode == "nearest") options.mode = ops::InterpolateMode::nearest;
+        else if (mode == "nearest-exact") options.mode = ops::InterpolateMode::nearest_exact;
+        else if (mode == "bilinear") options.mode = ops::InterpolateMode::bilinear;
+        else {
+          RETRACE_FAIL(invalid_argument,
+                       "interpolate: mode '{}' is not one of 'nearest', 'nearest-exact', "
+                       "'bilinear'",
+                       mode);
+        }
+        return ops::interpolate(a, s[0], s[1], options, parse_queue(queue));
+      },
+      nb::arg("a"), nb::arg("size"), nb::arg("mode") = "nearest",
+      nb::arg("align_corners") = false, nb::kw_only(), nb::arg("queue") = nb::none(),
+      "Resizing of the last two dimensions [..., H, W] to size = (out_h, out_w), as "
+      "torch.nn.functional.interpolate(size=..., mode=...): mode 'nearest', 'nearest-exact' or "
+      "'bilinear' (align_corners as torch's).");
   ops.def(
       "conv2d",
       [](const Tensor& x, const Tensor& weight, const Tensor* bias, nb::handle stride,

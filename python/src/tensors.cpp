@@ -250,7 +250,8 @@ Tensor binary_operator(const Tensor& a, nb::handle b, std::string_view op) {
   };
   static const Entry table[] = {
       {"add", &ops::add, &ops::add}, {"sub", &ops::sub, &ops::sub}, {"mul", &ops::mul, &ops::mul},
-      {"div", &ops::div, &ops::div}, {"pow", &ops::pow, &ops::pow}};
+      {"div", &ops::div, &ops::div}, {"pow", &ops::pow, &ops::pow},
+      {"true_divide", &ops::true_divide, &ops::true_divide}};
   for (const Entry& e : table) {
     if (e.name != op) continue;
     if (nb::isinstance<Tensor>(b)) return e.tensor(a, *nb::inst_ptr<Tensor>(b), kDefaultQueue);
@@ -563,8 +564,16 @@ void bind_tensors(nb::module_& m) {
            [](const Tensor& a, double b) { return ops::neg(ops::sub(a, b)); })
       .def("__mul__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "mul"); })
       .def("__rmul__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "mul"); })
+      // `/` is true division (integers promote to float32), as in Python, numpy and torch.
       .def("__truediv__",
-           [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "div"); })
+           [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "true_divide"); })
+      .def("__rtruediv__",
+           [](const Tensor& a, double b) {
+             Device& device = a.require_device("true_divide", "a");
+             const DType dtype =
+                 dtype_info(a.dtype()).is_floating ? a.dtype() : DType::float32;
+             return ops::true_divide(ops::full(a.shape(), b, device, dtype), a);
+           })
       .def("__pow__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "pow"); })
       .def("__neg__", [](const Tensor& a) { return ops::neg(a); })
       .def("__matmul__", [](const Tensor& a, const Tensor& b) { return ops::matmul(a, b); });

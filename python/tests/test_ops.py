@@ -284,6 +284,45 @@ def test_conv2d_pad_and_interpolate_match_numpy(device, stride, padding, dilatio
         ops.conv2d(xt, retrace.from_numpy(w, device=device), stride=(1, 2, 3), groups=groups)
 
 
+def _torch_axis(n_in, n_out, align_corners):
+    """torch's bilinear taps along one axis (float32 coordinates)."""
+    i = np.arange(n_out, dtype=np.float32)
+    if n_in == n_out:
+        idx = np.arange(n_out)
+        return idx, idx, np.ones(n_out, np.float32), np.zeros(n_out, np.float32)
+    if align_corners:
+        scale = np.float32(n_in - 1) / np.float32(n_out - 1) if n_out > 1 else np.float32(0)
+        src = scale * i
+    else:
+        scale = np.float32(n_in) / np.float32(n_out)
+        src = np.maximum(scale * (i + np.float32(0.5)) - np.float32(0.5), np.float32(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    l1 = np.clip(src - i0.astype(np.float32), 0, 1).astype(np.float32)
+    return i0, np.minimum(i0 + 1, n_in - 1), (np.float32(1) - l1), l1
+
+
+@pytest.mark.parametrize("size,align_corners", [((7, 5), False), ((3, 11), True), ((1, 1), False)])
+def test_interpolate_bilinear_and_nearest_match_numpy(device, size, align_corners):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    xt = retrace.from_numpy(x, device=device)
+    oh, ow = size
+    h0, h1, hl0, hl1 = _torch_axis(4, oh, align_corners)
+    w0, w1, wl0, wl1 = _torch_axis(6, ow, align_corners)
+    xd = x.astype(np.float64)
+    rows = xd[:, :, :, w0] * wl0 + xd[:, :, :, w1] * wl1
+    want = rows[:, :, h0, :] * hl0[:, None] + rows[:, :, h1, :] * hl1[:, None]
+    got = ops.interpolate(xt, size, mode="bilinear", align_corners=align_corners).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    hi = np.minimum(np.floor(np.arange(oh, dtype=np.float32) * (np.float32(4) / np.float32(oh))),
+                    3).astype(np.int64)
+    wi = np.minimum(np.floor(np.arange(ow, dtype=np.float32) * (np.float32(6) / np.float32(ow))),
+                    5).astype(np.int64)
+    np.testing.assert_array_equal(ops.interpolate(xt, size).numpy(), x[:, :, hi][:, :, :, wi])
+    with pytest.raises(retrace.InvalidArgument, match="interpolate: mode 'bicubic'"):
+        ops.interpolate(xt, size, mode="bicubic")
+
+
 def test_argmax_and_boolean_attention_masks(device):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 7)).astype(np.float32)
@@ -347,3 +386,20 @@ def test_logical_ops_match_numpy(device):
     np.testing.assert_array_equal(ops.logical_xor(at, bt).numpy(), np.logical_xor(a, b))
     np.testing.assert_array_equal(ops.logical_not(at).numpy(), np.logical_not(a))
     assert ops.logical_not(at).dtype == retrace.bool_
+
+
+def test_slash_is_true_division(device):
+    a = np.array([7, -7, 5, 1], dtype=np.int32)
+    b = np.array([2, 2, 4, 3], dtype=np.int32)
+    at = retrace.from_numpy(a, device=device)
+    bt = retrace.from_numpy(b, device=device)
+    got = (at / bt).numpy()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, (a / b).astype(np.float32))
+    np.testing.assert_array_equal((at / 0.5).numpy(), (a / 0.5).astype(np.float32))
+    np.testing.assert_array_equal(ops.true_divide(at, 4).numpy(), (a / 4).astype(np.float32))
+    # div keeps the dtype and truncates, as documented
+    np.testing.assert_array_equal(ops.div(at, bt).numpy(), np.array([3, -3, 1, 0], np.int32))
+    np.testing.assert_array_equal((1 / at).numpy(), (1 / a).astype(np.float32))
+    x = retrace.from_numpy(np.array([2.0, 4.0], np.float32), device=device)
+    np.testing.assert_array_equal((1 / x).numpy(), np.array([0.5, 0.25], np.float32))

@@ -1,13 +1,17 @@
-// Image ops for diffusion U-Nets and VAEs: constant padding, nearest-neighbour resizing and 2-D
-// convolution. They are compositions of the strided-copy, fill and matmul kernels, so every
+// Image ops for diffusion U-Nets and VAEs: constant padding, resizing and 2-D convolution. They
+// are compositions of the strided-copy, fill, gather, elementwise and matmul kernels, so every
 // device that has those runs them (and a trace records them like any other op): pad is a fill
-// and a copy into the interior, nearest resizing one strided copy (a source element read
-// several times through a stride of 0), conv2d an im2col strided copy and one matmul per group.
+// and a copy into the interior; nearest resizing by a whole ratio one strided copy (a source
+// element read several times through a stride of 0), by any other ratio an index_select whose
+// indices are computed on the device; bilinear resizing two index_selects and a weighted sum per
+// resized dimension; conv2d an im2col strided copy and one matmul per group.
 #include "ops/checks.hpp"
 #include "retrace/ops.hpp"
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace retrace::ops {
@@ -68,50 +72,94 @@ Tensor pad(const Tensor& a, std::initializer_list<std::int64_t> pads, double val
   return pad(a, std::span<const std::int64_t>(pads.begin(), pads.size()), value, queue);
 }
 
-Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
-                           QueueId queue) {
-  constexpr const char* op = "interpolate_nearest";
-  device_of(a, op, "a");
-  RETRACE_CHECK(a.layout() == Layout::row_major, invalid_argument,
-                "interpolate_nearest: a is in {} layout; resize row-major tensors", a.layout());
+namespace {
+
+// How one output coordinate maps to the input along one resized dimension, as torch computes it
+// (float32 arithmetic throughout, so the indices and weights are torch's bit for bit).
+struct AxisMap {
+  std::int64_t in = 0, out = 0;
+  float scale = 0.0f;  // torch's area_pixel scale: in / out, or (in - 1) / (out - 1) aligned
+};
+
+AxisMap axis_map(std::int64_t in, std::int64_t out, const InterpolateOptions& o) {
+  AxisMap m{in, out, 0.0f};
+  if (o.mode == InterpolateMode::bilinear && o.align_corners) {
+    m.scale = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  } else {
+    m.scale = static_cast<float>(in) / static_cast<float>(out);
+  }
+  return m;
+}
+
+// The nearest source index of output i (torch's nearest_idx / nearest_exact_idx).
+std::int64_t nearest_source(const AxisMap& m, std::int64_t i, bool exact) {
+  if (!exact && m.out == m.in) return i;
+  if (!exact && m.out == 2 * m.in) return i >> 1;
+  const float at = exact ? (static_cast<float>(i) + 0.5f) * m.scale : static_cast<float>(i) * m.scale;
+  return std::min(static_cast<std::int64_t>(std::floor(at)), m.in - 1);
+}
+
+// The same map as device tensors: float32 positions [out] -> int32 indices, computed by ops so a
+// trace records them (no host write during a capture).
+Tensor source_positions(const AxisMap& m, bool exact, bool bilinear, bool align_corners,
+                        Device& device, QueueId queue) {
+  Tensor at = arange(0.0, static_cast<double>(m.out), 1.0, device, DType::float32, queue);
+  if (bilinear && align_corners) return mul(at, static_cast<double>(m.scale), queue);
+  if (bilinear) {
+    // max(scale * (i + 0.5) - 0.5, 0)
+    return maximum(sub(mul(add(at, 0.5, queue), static_cast<double>(m.scale), queue), 0.5, queue),
+                   0.0, queue);
+  }
+  if (exact) at = add(at, 0.5, queue);
+  return mul(at, static_cast<double>(m.scale), queue);
+}
+
+Tensor floor_index(const Tensor& positions, std::int64_t in, QueueId queue) {
+  // Positions are >= 0, so truncation is floor.
+  return minimum(typecast(positions, DType::int32, queue), static_cast<double>(in - 1), queue);
+}
+
+const char* mode_name(InterpolateMode mode) {
+  switch (mode) {
+    case InterpolateMode::nearest: return "nearest";
+    case InterpolateMode::nearest_exact: return "nearest-exact";
+    case InterpolateMode::bilinear: return "bilinear";
+  }
+  return "?";
+}
+
+// Nearest resizing of dimension `dim` (-2 or -1): one strided copy when every output reads
+// source i / k or i * k (whole ratios), an index_select otherwise.
+Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, bool exact, const char* op,
+                      QueueId queue) {
   const std::size_t rank = a.shape().rank();
-  RETRACE_CHECK(rank >= 2, invalid_argument,
-                "interpolate_nearest: a has rank {}; it resizes the last two dimensions [..., H, "
-                "W]",
-                rank);
+  const auto d = static_cast<std::size_t>(static_cast<int>(rank) + dim);
+  bool up = m.out % m.in == 0, down = m.in % m.out == 0;
+  for (std::int64_t i = 0; i < m.out && (up || down); ++i) {
+    const std::int64_t src = nearest_source(m, i, exact);
+    up = up && src == i / (m.out / m.in);
+    down = down && src == i * (m.in / m.out);
+  }
+  if (!up && !down) {
+    Device& device = *a.device();
+    const Tensor index = floor_index(
+        source_positions(m, exact, false, false, device, queue), m.in, queue);
+    return index_select(a, dim, index, queue);
+  }
   const auto dims = a.shape().dims();
-  const std::int64_t in_h = dims[rank - 2], in_w = dims[rank - 1];
-  const std::int64_t outer = in_h * in_w == 0 ? 0 : a.numel() / (in_h * in_w);
-  // One resized dimension: (extents, source strides) of the copy that makes it.
-  std::vector<std::int64_t> shape{outer}, src_strides{in_h * in_w};
-  const auto add = [&](std::int64_t in, std::int64_t out, std::int64_t stride, char name) {
-    RETRACE_CHECK(out >= 0 && out <= (std::int64_t{1} << 40), invalid_argument,
-                  "interpolate_nearest: output {} is {}", name, out);
-    RETRACE_CHECK(in > 0 || out == 0, invalid_argument,
-                  "interpolate_nearest: cannot resize an empty {} of 0 to {}", name, out);
-    if (out == 0 || in == 0) {
-      shape.push_back(0);
-      src_strides.push_back(stride);
-    } else if (out % in == 0) {  // up by k: each source element k times (source i / k)
-      shape.push_back(in);
-      src_strides.push_back(stride);
-      shape.push_back(out / in);
-      src_strides.push_back(0);
-    } else if (in % out == 0) {  // down by k: every k-th source element (source i * k)
-      shape.push_back(out);
-      src_strides.push_back(stride * (in / out));
-    } else {
-      RETRACE_FAIL(unimplemented,
-                   "interpolate_nearest: {} {} -> {}: nearest resizing takes output sizes that "
-                   "are whole multiples or divisors of the input's",
-                   name == 'h' ? "height" : "width", in, out);
-    }
-  };
-  add(in_h, out_h, in_w, 'h');
-  add(in_w, out_w, 1, 'w');
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < d; ++i) outer *= dims[i];
+  for (std::size_t i = d + 1; i < rank; ++i) inner *= dims[i];
+  std::vector<std::int64_t> shape{outer}, src_strides{m.in * inner};
+  if (up) {  // each source element k times
+    shape.insert(shape.end(), {m.in, m.out / m.in, inner});
+    src_strides.insert(src_strides.end(), {inner, 0, 1});
+  } else {  // every k-th source element
+    shape.insert(shape.end(), {m.out, inner});
+    src_strides.insert(src_strides.end(), {inner * (m.in / m.out), 1});
+  }
   std::vector<std::int64_t> out_dims(dims.begin(), dims.end());
-  out_dims[rank - 2] = out_h;
-  out_dims[rank - 1] = out_w;
+  out_dims[d] = m.out;
   Tensor out = empty_like(a, make_shape(out_dims), op);
   std::vector<std::int64_t> dst_strides(shape.size());
   std::int64_t acc = 1;
@@ -121,6 +169,81 @@ Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out
   }
   strided_copy(op, a, 0, shape, src_strides, out, 0, dst_strides, queue);
   return out;
+}
+
+// Linear resizing of dimension `dim` of a float32 tensor: lambda0 * a[i0] + lambda1 * a[i1].
+Tensor resize_linear(const Tensor& a, int dim, const AxisMap& m, bool align_corners,
+                     QueueId queue) {
+  Device& device = *a.device();
+  const Tensor positions = source_positions(m, false, true, align_corners, device, queue);
+  const Tensor i0 = floor_index(positions, m.in, queue);
+  const Tensor i1 = minimum(add(i0, 1.0, queue), static_cast<double>(m.in - 1), queue);
+  Tensor lambda1 =
+      clamp(sub(positions, typecast(i0, DType::float32, queue), queue), 0.0, 1.0, queue);
+  Tensor lambda0 =
+      sub(full({m.out}, 1.0, device, DType::float32, Layout::row_major, queue), lambda1, queue);
+  if (dim == -2) {  // weights per row: [out, 1]
+    lambda0 = reshape(lambda0, {m.out, 1});
+    lambda1 = reshape(lambda1, {m.out, 1});
+  }
+  return add(mul(index_select(a, dim, i0, queue), lambda0, queue),
+             mul(index_select(a, dim, i1, queue), lambda1, queue), queue);
+}
+
+Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
+              const InterpolateOptions& options, const char* op, QueueId queue) {
+  device_of(a, op, "a");
+  RETRACE_CHECK(a.layout() == Layout::row_major, invalid_argument,
+                "{}: a is in {} layout; resize row-major tensors", op, a.layout());
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(rank >= 2, invalid_argument,
+                "{}: a has rank {}; it resizes the last two dimensions [..., H, W]", op,
+                rank);
+  const bool bilinear = options.mode == InterpolateMode::bilinear;
+  RETRACE_CHECK(bilinear || !options.align_corners, invalid_argument,
+                "{}: align_corners applies to mode bilinear, not {}", op,
+                mode_name(options.mode));
+  if (bilinear) check_dtype_in(a, op, "a", kFloatTypes);
+  const auto dims = a.shape().dims();
+  const std::int64_t in[2] = {dims[rank - 2], dims[rank - 1]}, out[2] = {out_h, out_w};
+  for (int i = 0; i < 2; ++i) {
+    const char* name = i == 0 ? "height" : "width";
+    RETRACE_CHECK(out[i] >= 0 && out[i] <= (std::int64_t{1} << 40), invalid_argument,
+                  "{}: output {} is {}", op, name, out[i]);
+    RETRACE_CHECK(in[i] > 0 || out[i] == 0, invalid_argument,
+                  "{}: cannot resize an empty {} of 0 to {}", op, name, out[i]);
+    RETRACE_CHECK(in[i] <= INT32_MAX, invalid_argument,
+                  "{}: input {} {} is beyond 2^31 - 1", op, name, in[i]);
+  }
+  std::vector<std::int64_t> out_dims(dims.begin(), dims.end());
+  out_dims[rank - 2] = out_h;
+  out_dims[rank - 1] = out_w;
+  if (make_shape(out_dims).numel() == 0) return empty_like(a, make_shape(out_dims), op);
+  // Width first, then height (torch's order of the separable sums for bilinear).
+  const bool narrow = bilinear && a.dtype() != DType::float32;
+  Tensor x = narrow ? typecast(a, DType::float32, queue) : a;
+  for (int i = 1; i >= 0; --i) {
+    if (in[i] == out[i]) continue;  // torch copies an unchanged extent
+    const AxisMap m = axis_map(in[i], out[i], options);
+    const int dim = i == 0 ? -2 : -1;
+    x = bilinear ? resize_linear(x, dim, m, options.align_corners, queue)
+                 : resize_nearest(x, dim, m, options.mode == InterpolateMode::nearest_exact, op,
+                                  queue);
+  }
+  if (narrow) return typecast(x, a.dtype(), queue);
+  return x.buffer() == a.buffer() ? a.clone(queue) : x;
+}
+
+}  // namespace
+
+Tensor interpolate(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
+                   const InterpolateOptions& options, QueueId queue) {
+  return resize(a, out_h, out_w, options, "interpolate", queue);
+}
+
+Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
+                           QueueId queue) {
+  return resize(a, out_h, out_w, InterpolateOptions{}, "interpolate_nearest", queue);
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,

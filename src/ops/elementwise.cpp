@@ -143,6 +143,52 @@ RETRACE_DEFINE_BINARY(minimum)
 RETRACE_DEFINE_BINARY(pow)
 #undef RETRACE_DEFINE_BINARY
 
+// true_divide: operands promoted as torch.true_divide does, then div.
+namespace {
+
+bool is_floating(DType dtype) { return dtype_info(dtype).is_floating; }
+
+// The dtype both operands are divided in: the floating one's, or float32 when neither floats.
+DType true_divide_dtype(DType a, DType b) {
+  if (is_floating(a)) return a;
+  if (is_floating(b)) return b;
+  return DType::float32;
+}
+
+Tensor promoted(const Tensor& t, DType dtype, QueueId queue) {
+  return t.dtype() == dtype ? t : typecast(t, dtype, queue);
+}
+
+}  // namespace
+
+Tensor true_divide(const Tensor& a, const Tensor& b, QueueId queue) {
+  device_of(a, "true_divide", "a");
+  device_of(b, "true_divide", "b");
+  const DType dtype = true_divide_dtype(a.dtype(), b.dtype());
+  return binary("true_divide", BinaryOp::div, promoted(a, dtype, queue), promoted(b, dtype, queue),
+                queue);
+}
+
+Tensor true_divide(const Tensor& a, double b, QueueId queue) {
+  device_of(a, "true_divide", "a");
+  const DType dtype = true_divide_dtype(a.dtype(), a.dtype());
+  return binary_scalar("true_divide", BinaryOp::div, promoted(a, dtype, queue), b, queue);
+}
+
+void true_divide(const Tensor& a, const Tensor& b, const Tensor& out, QueueId queue) {
+  device_of(a, "true_divide", "a");
+  device_of(b, "true_divide", "b");
+  const DType dtype = true_divide_dtype(a.dtype(), b.dtype());
+  binary_out("true_divide", BinaryOp::div, promoted(a, dtype, queue), promoted(b, dtype, queue),
+             out, queue);
+}
+
+void true_divide(const Tensor& a, double b, const Tensor& out, QueueId queue) {
+  device_of(a, "true_divide", "a");
+  const DType dtype = true_divide_dtype(a.dtype(), a.dtype());
+  binary_scalar_out("true_divide", BinaryOp::div, promoted(a, dtype, queue), b, out, queue);
+}
+
 // Two scalar passes (maximum, then minimum): NaN propagates through both, and lo > hi gives hi.
 void clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, const Tensor& out,
            QueueId queue) {
