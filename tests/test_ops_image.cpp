@@ -145,7 +145,8 @@ TEST_F(OpImageTest, InterpolateNearestRepeatsOrSkipsElements) {
             (Shape{0, 4, 4}));
 }
 
-// torch's source coordinates (float32 arithmetic, as torch computes them for float inputs).
+// torch's source coordinates (float32 arithmetic, as torch computes them for float inputs;
+// checked against torch 2.15's CPU kernels).
 float torch_scale(std::int64_t in, std::int64_t out, bool aligned) {
   if (aligned) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
   return static_cast<float>(in) / static_cast<float>(out);
@@ -166,8 +167,11 @@ struct Taps {
 Taps torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
   if (in == out) return {i, i, 1.0, 0.0};
   const float scale = torch_scale(in, out, aligned);
+  // One rounding of scale * (i + 0.5) - 0.5: torch's kernels compute it as a fused multiply-add.
   float src = aligned ? scale * static_cast<float>(i)
-                      : scale * (static_cast<float>(i) + 0.5f) - 0.5f;
+                      : static_cast<float>(static_cast<double>(scale) *
+                                               (static_cast<double>(i) + 0.5) -
+                                           0.5);
   if (!aligned && src < 0) src = 0;
   const std::int64_t i0 = std::min(static_cast<std::int64_t>(std::floor(src)), in - 1);
   const float l1 = std::clamp(src - static_cast<float>(i0), 0.0f, 1.0f);

@@ -295,7 +295,9 @@ def _torch_axis(n_in, n_out, align_corners):
         src = scale * i
     else:
         scale = np.float32(n_in) / np.float32(n_out)
-        src = np.maximum(scale * (i + np.float32(0.5)) - np.float32(0.5), np.float32(0))
+        # one rounding (torch's kernels compute this as a fused multiply-add)
+        src = (np.float64(scale) * (np.arange(n_out) + 0.5) - 0.5).astype(np.float32)
+        src = np.maximum(src, np.float32(0))
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     l1 = np.clip(src - i0.astype(np.float32), 0, 1).astype(np.float32)
     return i0, np.minimum(i0 + 1, n_in - 1), (np.float32(1) - l1), l1

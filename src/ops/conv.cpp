@@ -99,19 +99,21 @@ std::int64_t nearest_source(const AxisMap& m, std::int64_t i, bool exact) {
   return std::min(static_cast<std::int64_t>(std::floor(at)), m.in - 1);
 }
 
-// The same map as device tensors: float32 positions [out] -> int32 indices, computed by ops so a
-// trace records them (no host write during a capture).
+// The source coordinates as a float32 device tensor [out], made by arange so a trace records
+// them (no host write during a capture). arange computes start + i * step in double and rounds
+// once, which is what torch's kernels compute: `scale * (i + 0.5) - 0.5` is one fused
+// multiply-add there (and exact in double for every size that fits an int32 index).
 Tensor source_positions(const AxisMap& m, bool exact, bool bilinear, bool align_corners,
                         Device& device, QueueId queue) {
-  Tensor at = arange(0.0, static_cast<double>(m.out), 1.0, device, DType::float32, queue);
-  if (bilinear && align_corners) return mul(at, static_cast<double>(m.scale), queue);
-  if (bilinear) {
-    // max(scale * (i + 0.5) - 0.5, 0)
-    return maximum(sub(mul(add(at, 0.5, queue), static_cast<double>(m.scale), queue), 0.5, queue),
-                   0.0, queue);
-  }
-  if (exact) at = add(at, 0.5, queue);
-  return mul(at, static_cast<double>(m.scale), queue);
+  const auto scale = static_cast<double>(m.scale);
+  // Output i reads position (i + offset) * scale - shift.
+  const double offset = (exact || (bilinear && !align_corners)) ? 0.5 : 0.0;
+  const double shift = bilinear && !align_corners ? 0.5 : 0.0;
+  const double start = offset * scale - shift;
+  Tensor at = scale == 0.0 ? full({m.out}, start, device, DType::float32, Layout::row_major, queue)
+                           : arange(start, start + (static_cast<double>(m.out) - 0.5) * scale,
+                                    scale, device, DType::float32, queue);
+  return bilinear && !align_corners ? maximum(at, 0.0, queue) : at;
 }
 
 Tensor floor_index(const Tensor& positions, std::int64_t in, QueueId queue) {
