@@ -279,6 +279,31 @@ enum class Causal : bool { no = false, yes = true };
                                         QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor concat(std::span<const Tensor> tensors, std::int64_t dim,
                             QueueId queue = kDefaultQueue);
+// torch.stack: the tensors (one shape and dtype) along a new dimension `dim` (in [-(rank + 1),
+// rank]).
+[[nodiscard]] Tensor stack(std::span<const Tensor> tensors, std::int64_t dim,
+                           QueueId queue = kDefaultQueue);
+// torch's expand, as a copy: extents of 1 broadcast to `shape` (-1 keeps an extent; extra
+// leading dimensions are new). The result has its own storage.
+[[nodiscard]] Tensor expand(const Tensor& a, std::span<const std::int64_t> shape,
+                            QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor expand(const Tensor& a, std::initializer_list<std::int64_t> shape,
+                            QueueId queue = kDefaultQueue);
+// torch's Tensor.repeat: the tensor tiled repeats[i] times along dimension i (extra leading
+// repeats add dimensions; 0 gives an empty extent).
+[[nodiscard]] Tensor repeat(const Tensor& a, std::span<const std::int64_t> repeats,
+                            QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor repeat(const Tensor& a, std::initializer_list<std::int64_t> repeats,
+                            QueueId queue = kDefaultQueue);
+// torch.flip: the order of the elements reversed along each of `dims`.
+[[nodiscard]] Tensor flip(const Tensor& a, std::span<const std::int64_t> dims,
+                          QueueId queue = kDefaultQueue);
+[[nodiscard]] Tensor flip(const Tensor& a, std::initializer_list<std::int64_t> dims,
+                          QueueId queue = kDefaultQueue);
+// Every tensor an op returns is contiguous (permute, transpose, slice, split, chunk and expand
+// copy), so this returns `a` itself; it is here so code written for strided libraries reads the
+// same.
+[[nodiscard]] Tensor contiguous(const Tensor& a, QueueId queue = kDefaultQueue);
 // Floats to integers truncate toward zero; values outside the integer's range saturate to its
 // lowest or highest value (infinities too) and NaN becomes 0. Integers to narrower or unsigned
 // integers wrap (modulo 2^bits); to bool, any nonzero value (NaN included) is true.

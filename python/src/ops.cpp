@@ -10,6 +10,7 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include <tuple>
 #include <vector>
 
 namespace retrace::python {
@@ -502,6 +503,42 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("tensors"), nb::arg("dim") = 0, nb::kw_only(), nb::arg("queue") = nb::none());
   ops.attr("cat") = ops.attr("concat");
+  ops.def(
+      "stack",
+      [](nb::handle tensors, std::int64_t dim, nb::handle queue) {
+        std::vector<Tensor> list;
+        RETRACE_CHECK(nb::isinstance<nb::sequence>(tensors), invalid_argument,
+                      "stack: tensors must be a sequence of retrace.Tensor");
+        std::size_t i = 0;
+        for (nb::handle t : nb::iter(tensors)) {
+          list.push_back(tensor_arg(t, "stack", fmt::format("tensors[{}]", i++)));
+        }
+        return ops::stack(list, dim, parse_queue(queue));
+      },
+      nb::arg("tensors"), nb::arg("dim") = 0, nb::kw_only(), nb::arg("queue") = nb::none(),
+      "torch.stack: the tensors along a new dimension.");
+  // Ops that take a list of extents or dimensions.
+  using ListOp = Tensor (*)(const Tensor&, std::span<const std::int64_t>, QueueId);
+  for (const auto& [name, fn, arg, doc] : std::initializer_list<
+           std::tuple<const char*, ListOp, const char*, const char*>>{
+           {"expand", &ops::expand, "shape",
+            "torch's expand, as a copy: extents of 1 broadcast to shape (-1 keeps one)."},
+           {"repeat", &ops::repeat, "repeats", "torch's Tensor.repeat: the tensor tiled."},
+           {"flip", &ops::flip, "dims", "torch.flip: elements reversed along dims."}}) {
+    ops.def(
+        name,
+        [fn, name, arg](const Tensor& a, nb::handle values, nb::handle queue) {
+          const auto v = int_list(values, name, arg);
+          return fn(a, std::span<const std::int64_t>(v), parse_queue(queue));
+        },
+        nb::arg("a"), nb::arg(arg), nb::kw_only(), nb::arg("queue") = nb::none(), doc);
+  }
+  ops.def(
+      "contiguous", [](const Tensor& a, nb::handle queue) {
+        return ops::contiguous(a, parse_queue(queue));
+      },
+      nb::arg("a"), nb::kw_only(), nb::arg("queue") = nb::none(),
+      "a itself: every tensor retrace makes is contiguous.");
   ops.def(
       "typecast",
       [](const Tensor& a, nb::handle dtype, nb::handle queue) {

@@ -405,3 +405,17 @@ def test_slash_is_true_division(device):
     np.testing.assert_array_equal((1 / at).numpy(), (1 / a).astype(np.float32))
     x = retrace.from_numpy(np.array([2.0, 4.0], np.float32), device=device)
     np.testing.assert_array_equal((1 / x).numpy(), np.array([0.5, 0.25], np.float32))
+
+
+def test_stack_expand_repeat_flip_match_numpy(device):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 1, 3)).astype(np.float32)
+    xt = retrace.from_numpy(x, device=device)
+    np.testing.assert_array_equal(ops.expand(xt, (4, 2, 5, -1)).numpy(),
+                                  np.broadcast_to(x, (4, 2, 5, 3)))
+    np.testing.assert_array_equal(ops.repeat(xt, (2, 1, 3, 2)).numpy(), np.tile(x, (2, 1, 3, 2)))
+    np.testing.assert_array_equal(ops.flip(xt, (0, 2)).numpy(), np.flip(x, (0, 2)))
+    np.testing.assert_array_equal(ops.stack([xt, xt], dim=1).numpy(), np.stack([x, x], axis=1))
+    assert ops.contiguous(xt) is not None
+    with pytest.raises(retrace.InvalidArgument, match="expand: dimension 0"):
+        ops.expand(xt, (3, 1, 3))

@@ -6,6 +6,7 @@
 #include "cpu/parallel.hpp"
 #include "retrace/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -16,7 +17,7 @@ namespace {
 
 // Per-thread scratch that only grows: no allocation once warmed up (the prep run does that).
 float* scratch(int slot, std::int64_t elements) {
-  thread_local std::vector<float> buffers[4];
+  thread_local std::vector<float> buffers[5];
   auto& buffer = buffers[slot];
   if (static_cast<std::int64_t>(buffer.size()) < elements) {
     buffer.resize(static_cast<std::size_t>(elements));
@@ -76,38 +77,60 @@ void matmul_kernel(const std::byte* raw) {
   }
 }
 
+// Attention by blocks of query rows: each block's scores [rows, keys] stay in the core's cache
+// between the two products and the softmax (a full [queries, keys] matrix does not, at a few
+// thousand tokens), and (batch, head, block) items spread evenly over the kernel threads. With
+// a causal mask a block's keys stop after its last row: the keys past it would have weight 0.
 template <class T>
 void attention_kernel(const std::byte* raw) {
   const auto& p = params_as<AttentionParams>(raw);
   using E = Elem<T>;
+  constexpr std::int64_t kBlockRows = 64;
   const std::int64_t q_size = p.sq * p.d, k_size = p.sk * p.d, v_size = p.sk * p.dv;
-  parallel_for(p.batch * p.heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t bh = begin; bh < end; ++bh) {
+  const std::int64_t blocks = (p.sq + kBlockRows - 1) / kBlockRows;
+  parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    std::int64_t loaded_kv = -1;  // the key/value head whose float32 copies are in scratch
+    const float* k = nullptr;
+    const float* v = nullptr;
+    for (std::int64_t item = begin; item < end; ++item) {
+      const std::int64_t bh = item / blocks, r0 = item % blocks * kBlockRows;
+      const std::int64_t rows = std::min(kBlockRows, p.sq - r0);
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
-      const float* q = as_float(static_cast<const T*>(p.q) + bh * q_size, q_size, 0);
       const std::int64_t kv = attention_kv_index(p, bh);
-      const float* k = as_float(static_cast<const T*>(p.k) + kv * k_size, k_size, 1);
-      float* s = scratch(2, p.sq * p.sk);
-      sgemm(false, true, p.sq, p.sk, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::eigen);
+      if (kv != loaded_kv) {
+        k = as_float(static_cast<const T*>(p.k) + kv * k_size, k_size, 1);
+        v = as_float(static_cast<const T*>(p.v) + kv * v_size, v_size, 4);
+        loaded_kv = kv;
+      }
+      const std::int64_t cols = p.causal ? std::min(p.sk, r0 + rows) : p.sk;
+      const float* q = as_float(static_cast<const T*>(p.q) + bh * q_size + r0 * p.d,
+                                rows * p.d, 0);
+      float* s = scratch(2, rows * cols);
+      sgemm(false, true, rows, cols, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::eigen);
       const T* mask = p.mask == nullptr
                           ? nullptr
                           : static_cast<const T*>(p.mask) + b * p.mask_batch_stride +
                                 h * p.mask_head_stride;
-      for (std::int64_t r = 0; r < p.sq; ++r) {
-        float* row = s + r * p.sk;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const std::int64_t r = r0 + i;
+        float* row = s + i * cols;
         if (mask != nullptr) {
-          for (std::int64_t c = 0; c < p.sk; ++c) row[c] += float(E::load(mask, r * p.mask_row_stride + c));
+          for (std::int64_t c = 0; c < cols; ++c) {
+            row[c] += float(E::load(mask, r * p.mask_row_stride + c));
+          }
         }
         if (p.causal) {
-          for (std::int64_t c = r + 1; c < p.sk; ++c) row[c] = -std::numeric_limits<float>::infinity();
+          for (std::int64_t c = r + 1; c < cols; ++c) {
+            row[c] = -std::numeric_limits<float>::infinity();
+          }
         }
-        softmax_row(row, row, p.sk);
+        softmax_row(row, row, cols);
       }
-      const float* v = as_float(static_cast<const T*>(p.v) + kv * v_size, v_size, 1);
-      T* out = static_cast<T*>(p.out) + bh * p.sq * p.dv;
-      float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(3, p.sq * p.dv);
-      sgemm(false, false, p.sq, p.dv, p.sk, 1.0f, s, v, 0.0f, o, GemmLibrary::eigen);
-      if constexpr (!std::is_same_v<T, float>) store_from_float(o, out, p.sq * p.dv);
+      T* out = static_cast<T*>(p.out) + (bh * p.sq + r0) * p.dv;
+      float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out)
+                                          : scratch(3, rows * p.dv);
+      sgemm(false, false, rows, p.dv, cols, 1.0f, s, v, 0.0f, o, GemmLibrary::eigen);
+      if constexpr (!std::is_same_v<T, float>) store_from_float(o, out, rows * p.dv);
     }
   });
 }

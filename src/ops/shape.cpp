@@ -3,6 +3,8 @@
 #include "ops/checks.hpp"
 #include "retrace/ops.hpp"
 
+#include <fmt/ranges.h>
+
 #include <cstdint>
 
 #include <algorithm>
@@ -22,6 +24,21 @@ void check_row_major(const Tensor& a, std::string_view op) {
 
 Shape make_shape(const std::vector<std::int64_t>& dims) {
   return Shape(std::span<const std::int64_t>(dims));
+}
+
+// make_shape for a result whose size the caller chose: the limits Shape enforces, checked first
+// so the error names the op.
+Shape result_shape(const std::vector<std::int64_t>& dims, std::string_view op) {
+  RETRACE_CHECK(dims.size() <= Shape::kMaxRank, invalid_argument,
+                "{}: the result would have rank {}; ranks go up to {}", op, dims.size(),
+                Shape::kMaxRank);
+  std::int64_t product = 1;
+  for (std::int64_t d : dims) {
+    RETRACE_CHECK(d == 0 || !__builtin_mul_overflow(product, d, &product), invalid_argument,
+                  "{}: the result's shape [{}] has more than 2^63 - 1 elements", op,
+                  fmt::join(dims, ", "));
+  }
+  return make_shape(dims);
 }
 
 }  // namespace
@@ -199,6 +216,144 @@ Tensor concat(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) 
     at += t.shape().dims()[d];
   }
   return out;
+}
+
+Tensor stack(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) {
+  constexpr const char* op = "stack";
+  RETRACE_CHECK(!tensors.empty(), invalid_argument, "stack: no tensors given");
+  const Tensor& first = tensors.front();
+  device_of(first, op, "tensors[0]");
+  check_row_major(first, op);
+  const std::size_t rank = first.shape().rank();
+  RETRACE_CHECK(rank < Shape::kMaxRank, invalid_argument,
+                "stack: the tensors have rank {}; stacking adds a dimension and ranks go up to {}",
+                rank, Shape::kMaxRank);
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, rank + 1, op));
+  std::vector<Tensor> pieces;
+  pieces.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    const std::string name = fmt::format("tensors[{}]", i);
+    device_of(t, op, name);
+    RETRACE_CHECK(t.shape() == first.shape() && t.dtype() == first.dtype(), invalid_argument,
+                  "stack: {} is {} {}; tensors[0] is {} {} (stacked tensors have one shape and "
+                  "dtype)",
+                  name, t.shape(), t.dtype(), first.shape(), first.dtype());
+    std::vector<std::int64_t> dims(t.shape().dims().begin(), t.shape().dims().end());
+    dims.insert(dims.begin() + static_cast<std::ptrdiff_t>(d), 1);
+    pieces.push_back(t.with_shape(make_shape(dims)));
+  }
+  return concat(pieces, static_cast<std::int64_t>(d), queue);
+}
+
+Tensor expand(const Tensor& a, std::span<const std::int64_t> shape, QueueId queue) {
+  constexpr const char* op = "expand";
+  device_of(a, op, "a");
+  check_row_major(a, op);
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(shape.size() >= rank, invalid_argument,
+                "expand: {} extents given for a tensor of rank {} (give at least one per "
+                "dimension; new ones go in front)",
+                shape.size(), rank);
+  const std::size_t lead = shape.size() - rank;
+  const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
+  std::vector<std::int64_t> dims(shape.size()), src_strides(shape.size(), 0);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const std::int64_t want = shape[i];
+    if (i < lead) {
+      RETRACE_CHECK(want >= 0, invalid_argument,
+                    "expand: new leading dimension {} is {}; it needs an extent >= 0", i, want);
+      dims[i] = want;
+      continue;
+    }
+    const std::int64_t have = a.shape().dims()[i - lead];
+    if (want == -1 || want == have) {
+      dims[i] = have;
+      src_strides[i] = strides[i - lead];
+    } else {
+      RETRACE_CHECK(have == 1 && want >= 0, invalid_argument,
+                    "expand: dimension {} of {} has extent {}; only extent 1 expands (to {})",
+                    i - lead, a.shape(), have, want);
+      dims[i] = want;
+    }
+  }
+  const Shape target = result_shape(dims, op);
+  Tensor out = empty_like(a, target, op);
+  strided_copy(op, a, 0, dims, src_strides, out, 0, contiguous_strides(target), queue);
+  return out;
+}
+
+Tensor expand(const Tensor& a, std::initializer_list<std::int64_t> shape, QueueId queue) {
+  return expand(a, std::span<const std::int64_t>(shape.begin(), shape.size()), queue);
+}
+
+Tensor repeat(const Tensor& a, std::span<const std::int64_t> repeats, QueueId queue) {
+  constexpr const char* op = "repeat";
+  device_of(a, op, "a");
+  check_row_major(a, op);
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(repeats.size() >= rank, invalid_argument,
+                "repeat: {} repeats given for a tensor of rank {} (give at least one per "
+                "dimension; new ones go in front)",
+                repeats.size(), rank);
+  const std::size_t lead = repeats.size() - rank;
+  const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
+  // The output seen as [r0, d0, r1, d1, ...]: each copy of the input reads it with stride 0
+  // along the repeat dimensions.
+  std::vector<std::int64_t> dims, copy_shape, src_strides;
+  for (std::size_t i = 0; i < repeats.size(); ++i) {
+    const std::int64_t r = repeats[i];
+    RETRACE_CHECK(r >= 0, invalid_argument, "repeat: repeats[{}] is {}; repeats are >= 0", i, r);
+    const std::int64_t extent = i < lead ? 1 : a.shape().dims()[i - lead];
+    dims.push_back(r * extent);
+    copy_shape.insert(copy_shape.end(), {r, extent});
+    src_strides.insert(src_strides.end(), {0, i < lead ? 0 : strides[i - lead]});
+  }
+  const Shape target = result_shape(dims, op);
+  Tensor out = empty_like(a, target, op);
+  std::vector<std::int64_t> dst_strides(copy_shape.size());
+  std::int64_t acc = 1;
+  for (std::size_t i = copy_shape.size(); i-- > 0;) {
+    dst_strides[i] = acc;
+    acc *= copy_shape[i];
+  }
+  strided_copy(op, a, 0, copy_shape, src_strides, out, 0, dst_strides, queue);
+  return out;
+}
+
+Tensor repeat(const Tensor& a, std::initializer_list<std::int64_t> repeats, QueueId queue) {
+  return repeat(a, std::span<const std::int64_t>(repeats.begin(), repeats.size()), queue);
+}
+
+Tensor flip(const Tensor& a, std::span<const std::int64_t> dims, QueueId queue) {
+  constexpr const char* op = "flip";
+  device_of(a, op, "a");
+  check_row_major(a, op);
+  const std::size_t rank = a.shape().rank();
+  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  std::vector<bool> seen(rank, false);
+  std::int64_t offset = 0;
+  for (std::int64_t dim : dims) {
+    const auto d = static_cast<std::size_t>(normalize_dim(dim, rank, op));
+    RETRACE_CHECK(!seen[d], invalid_argument, "flip: dimension {} appears twice", d);
+    seen[d] = true;
+    const std::int64_t extent = a.shape().dims()[d];
+    if (extent > 0) offset += (extent - 1) * src_strides[d];
+    src_strides[d] = -src_strides[d];
+  }
+  Tensor out = empty_like(a, a.shape(), op);
+  const std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
+  strided_copy(op, a, offset, shape, src_strides, out, 0, contiguous_strides(a.shape()), queue);
+  return out;
+}
+
+Tensor flip(const Tensor& a, std::initializer_list<std::int64_t> dims, QueueId queue) {
+  return flip(a, std::span<const std::int64_t>(dims.begin(), dims.size()), queue);
+}
+
+Tensor contiguous(const Tensor& a, QueueId /*queue*/) {
+  device_of(a, "contiguous", "a");
+  return a;
 }
 
 Tensor typecast(const Tensor& a, DType dtype, QueueId queue) {
