@@ -159,8 +159,7 @@ void measure_libtorch(Row& row, int repeats, std::int64_t steps) {
 
 Row measure(const models::NamedDiTConfig& size, int threads, const std::string& isa, int repeats,
             std::int64_t steps) {
-  cpu::set_kernel_thread_limit(threads);
-  openblas_set_num_threads(threads);
+  cpu::set_kernel_thread_limit(threads);  // GEMMs too: OpenBLAS runs single-threaded per block
   CpuDeviceOptions options;
   options.kernel_isa = isa;
   auto device = open_cpu_device(options);

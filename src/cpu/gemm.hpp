@@ -1,12 +1,14 @@
 // Single-precision GEMM on the CPU, through Eigen or OpenBLAS, chosen by shape as measured in
-// bench/bench_ops.cpp (Eigen single-threaded for small products, multi-threaded OpenBLAS from
-// about a million multiply-adds up).
+// bench/bench_ops.cpp (Eigen single-threaded for small products; from about a million
+// multiply-adds up, single-threaded OpenBLAS calls on blocks of C split over the kernel threads).
 #pragma once
 
 #include <cstdint>
 
 namespace retrace::cpu {
 
+// automatic: by shape (see above). eigen: Eigen on the calling thread. openblas: one OpenBLAS
+// call with the threads OpenBLAS is configured for (for benchmarks that compare libraries).
 enum class GemmLibrary : std::uint8_t { automatic, eigen, openblas };
 
 // C[m, n] = alpha * op(A) * op(B) + beta * C, row-major. op(A) is A[m, k] or, transposed,
