@@ -16,6 +16,24 @@ namespace {
 
 constexpr std::int64_t kElementsPerTask = 1 << 15;
 
+// The sum of value(0) .. value(n - 1) in 16 interleaved partial sums, added up in order at the
+// end, then the tail: a fixed order whatever the vector width, so every kernel variant gives the
+// same bits, and one that vectorises (a single running sum is one long dependency chain, 4
+// cycles an element; layer_norm over 256 columns spent 1.9 ns an element on it).
+template <class F>
+float lane_sum(std::int64_t n, F&& value) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += value(i + l);
+  }
+  float sum = 0.0f;
+  for (float l : lanes) sum += l;
+  for (; i < n; ++i) sum += value(i);
+  return sum;
+}
+
 // The index of a row's first maximum, or of its first NaN (NaN is the largest, as in torch).
 template <class T>
 std::int32_t argmax_row(const T* row, std::int64_t cols) {
@@ -59,7 +77,7 @@ void reduce_kernel(const std::byte* raw) {
               acc = (v > acc || v != v) ? v : acc;
             }
           } else {
-            for (std::int64_t c = 0; c < p.cols; ++c) acc += float(E::load(row, c));
+            acc = lane_sum(p.cols, [&](std::int64_t c) { return float(E::load(row, c)); });
             if (p.op == ReduceOp::mean) acc /= static_cast<float>(p.cols);
           }
           E::store(out, r, acc);
@@ -104,16 +122,12 @@ void norm_kernel(const std::byte* raw) {
                  for (std::int64_t r = begin; r < end; ++r) {
                    const T* row = a + r * p.cols;
                    T* o = out + r * p.cols;
-                   float mean = 0.0f;
-                   if (!p.rms) {
-                     for (std::int64_t c = 0; c < p.cols; ++c) mean += float(E::load(row, c));
-                     mean /= cols;
-                   }
-                   float var = 0.0f;
-                   for (std::int64_t c = 0; c < p.cols; ++c) {
-                     const float d = float(E::load(row, c)) - mean;
-                     var += d * d;
-                   }
+                   const auto x = [&](std::int64_t c) { return float(E::load(row, c)); };
+                   const float mean = p.rms ? 0.0f : lane_sum(p.cols, x) / cols;
+                   const float var = lane_sum(p.cols, [&](std::int64_t c) {
+                     const float d = x(c) - mean;
+                     return d * d;
+                   });
                    const float inv = 1.0f / std::sqrt(var / cols + p.eps);
                    for (std::int64_t c = 0; c < p.cols; ++c) {
                      float y = (float(E::load(row, c)) - mean) * inv;

@@ -137,6 +137,19 @@ Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op) {
   return Tensor::empty(shape, a.dtype(), device_of(a, op, "a"), a.layout());
 }
 
+Shape result_shape(const std::vector<std::int64_t>& dims, std::string_view op) {
+  RETRACE_CHECK(dims.size() <= Shape::kMaxRank, invalid_argument,
+                "{}: the result would have rank {}; ranks go up to {}", op, dims.size(),
+                Shape::kMaxRank);
+  std::int64_t product = 1;
+  for (std::int64_t d : dims) {
+    RETRACE_CHECK(d == 0 || !__builtin_mul_overflow(product, d, &product), invalid_argument,
+                  "{}: the result's shape [{}] has more than 2^63 - 1 elements", op,
+                  fmt::join(dims, ", "));
+  }
+  return Shape(std::span<const std::int64_t>(dims));
+}
+
 }  // namespace retrace::ops::detail
 
 namespace retrace::ops::detail {

@@ -66,6 +66,9 @@ void fill_space(const IterationSpace& space, std::int64_t* shape,
 
 // The allocating op: a new tensor of the given shape on a's device, a's dtype and layout.
 Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op);
+// The Shape of an op's result whose extents the caller chose: the limits Shape enforces (rank,
+// element count) checked first, so the error names the op.
+Shape result_shape(const std::vector<std::int64_t>& dims, std::string_view op);
 
 inline void* data_of(const Tensor& t) { return t.buffer()->data(); }
 // dst[idx] = src[idx] over `shape`, with per-operand strides and offsets (in elements); the

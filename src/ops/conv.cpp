@@ -220,7 +220,8 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   std::vector<std::int64_t> out_dims(dims.begin(), dims.end());
   out_dims[rank - 2] = out_h;
   out_dims[rank - 1] = out_w;
-  if (make_shape(out_dims).numel() == 0) return empty_like(a, make_shape(out_dims), op);
+  const Shape out_shape = result_shape(out_dims, op);
+  if (out_shape.numel() == 0) return empty_like(a, out_shape, op);
   // Width first, then height (torch's order of the separable sums for bilinear).
   const bool narrow = bilinear && a.dtype() != DType::float32;
   Tensor x = narrow ? typecast(a, DType::float32, queue) : a;

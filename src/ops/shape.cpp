@@ -26,21 +26,6 @@ Shape make_shape(const std::vector<std::int64_t>& dims) {
   return Shape(std::span<const std::int64_t>(dims));
 }
 
-// make_shape for a result whose size the caller chose: the limits Shape enforces, checked first
-// so the error names the op.
-Shape result_shape(const std::vector<std::int64_t>& dims, std::string_view op) {
-  RETRACE_CHECK(dims.size() <= Shape::kMaxRank, invalid_argument,
-                "{}: the result would have rank {}; ranks go up to {}", op, dims.size(),
-                Shape::kMaxRank);
-  std::int64_t product = 1;
-  for (std::int64_t d : dims) {
-    RETRACE_CHECK(d == 0 || !__builtin_mul_overflow(product, d, &product), invalid_argument,
-                  "{}: the result's shape [{}] has more than 2^63 - 1 elements", op,
-                  fmt::join(dims, ", "));
-  }
-  return make_shape(dims);
-}
-
 }  // namespace
 
 namespace detail {
