@@ -5,6 +5,7 @@
 #include <retrace/backend.hpp>
 #include <retrace/retrace.hpp>
 
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -126,6 +127,24 @@ void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
 inline Tensor device_tensor(Device& device, const std::vector<float>& values, const Shape& shape,
                             DType dtype = DType::float32, Layout layout = Layout::row_major) {
   return Tensor::from_vector<float>(values, shape, dtype, layout).to_device(device);
+}
+
+// Runs f(x) eagerly and through a Tracer for three random float32 inputs x of `shape` (the
+// first call captures, the others replay) and expects the results equal bit for bit.
+template <class F>
+void expect_traced_equals_eager(Device& device, F f, const Shape& shape, std::uint64_t salt) {
+  auto tracer = make_tracer(f, device);
+  for (std::uint64_t call = 0; call < 3; ++call) {
+    const Tensor x = device_tensor(
+        device, random_floats(static_cast<std::size_t>(shape.numel()), salt + call), shape);
+    const std::vector<float> traced = tracer(x).template to_vector<float>();
+    const std::vector<float> eager = f(x).template to_vector<float>();
+    ASSERT_EQ(traced.size(), eager.size());
+    for (std::size_t i = 0; i < eager.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(traced[i]), std::bit_cast<std::uint32_t>(eager[i]))
+          << "call " << call << ", element " << i;
+    }
+  }
 }
 
 }  // namespace retrace::testing

@@ -290,18 +290,7 @@ TEST_F(OpImageTest, InterpolateTracedEqualsEagerBitForBit) {
     const Tensor b = ops::interpolate(a, 5, 9, {M::bilinear, true});
     return ops::add(ops::interpolate(b, 3, 4), ops::interpolate(b, 3, 4, {M::nearest_exact}));
   };
-  auto tracer = make_tracer(f, device());
-  for (std::uint64_t call = 0; call < 3; ++call) {
-    const Tensor x = device_tensor(device(), testing::random_floats(2 * 3 * 6 * 5, 40 + call),
-                                   {2, 3, 6, 5});
-    const std::vector<float> traced = tracer(x).to_vector<float>();
-    const std::vector<float> eager = f(x).to_vector<float>();
-    ASSERT_EQ(traced.size(), eager.size());
-    for (std::size_t i = 0; i < eager.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(traced[i]), std::bit_cast<std::uint32_t>(eager[i]))
-          << i;
-    }
-  }
+  testing::expect_traced_equals_eager(device(), f, Shape{2, 3, 6, 5}, 40);
 }
 
 TEST_F(OpImageTest, TracedEqualsEagerBitForBit) {
@@ -312,18 +301,7 @@ TEST_F(OpImageTest, TracedEqualsEagerBitForBit) {
     const Tensor up = ops::interpolate_nearest(x, x.shape()[2] * 2, x.shape()[3] * 2);
     return ops::silu(ops::conv2d(ops::pad(up, {1, 1, 1, 1}), w, bias));
   };
-  auto tracer = make_tracer(f, device());
-  for (std::uint64_t call = 0; call < 3; ++call) {
-    const Tensor x = device_tensor(device(), testing::random_floats(2 * 4 * 5 * 5, 10 + call),
-                                   {2, 4, 5, 5});
-    const std::vector<float> traced = tracer(x).to_vector<float>();
-    const std::vector<float> eager = f(x).to_vector<float>();
-    ASSERT_EQ(traced.size(), eager.size());
-    for (std::size_t i = 0; i < eager.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(traced[i]), std::bit_cast<std::uint32_t>(eager[i]))
-          << i;
-    }
-  }
+  testing::expect_traced_equals_eager(device(), f, Shape{2, 4, 5, 5}, 10);
 }
 
 using testing::expect_error;

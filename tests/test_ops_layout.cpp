@@ -144,17 +144,7 @@ TEST_F(OpLayoutTest, TracedEqualsEagerBitForBit) {
     const std::vector<Tensor> parts{ops::reshape(e, {3, 8, 6}), r};
     return ops::stack(parts, 1);
   };
-  auto tracer = make_tracer(f, device());
-  for (std::uint64_t call = 0; call < 3; ++call) {
-    const Tensor x = device_tensor(device(), testing::random_floats(24, 60 + call), {4, 6});
-    const std::vector<float> traced = tracer(x).to_vector<float>();
-    const std::vector<float> eager = f(x).to_vector<float>();
-    ASSERT_EQ(traced.size(), eager.size());
-    for (std::size_t i = 0; i < eager.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(traced[i]), std::bit_cast<std::uint32_t>(eager[i]))
-          << i;
-    }
-  }
+  testing::expect_traced_equals_eager(device(), f, Shape{4, 6}, 60);
 }
 
 TEST_F(OpLayoutTest, ErrorsNameTheOp) {
@@ -173,6 +163,9 @@ TEST_F(OpLayoutTest, ErrorsNameTheOp) {
                        "repeat: repeats[0] is -1");
   EXPECT_RETRACE_ERROR((void)ops::repeat(a, {INT64_MAX / 2, 2}), invalid_argument,
                        "repeat: the result's shape");
+  EXPECT_RETRACE_ERROR((void)ops::repeat(a, {INT64_MAX, 1}), invalid_argument,
+                       "repeat: dimension 0 of extent 2 repeated 9223372036854775807 times "
+                       "overflows");
   EXPECT_RETRACE_ERROR((void)ops::flip(a, {1, -1}), invalid_argument,
                        "flip: dimension 1 appears twice");
   EXPECT_RETRACE_ERROR((void)ops::flip(a, {2}), invalid_argument, "flip");

@@ -25,6 +25,18 @@ const Tensor& tensor_arg(nb::handle value, std::string_view what, std::string_vi
   return *nb::inst_ptr<Tensor>(value);
 }
 
+// A Python sequence of tensors (argument `tensors` of `what`).
+std::vector<Tensor> tensor_list(nb::handle tensors, std::string_view what) {
+  RETRACE_CHECK(nb::isinstance<nb::sequence>(tensors), invalid_argument,
+                "{}: tensors must be a sequence of retrace.Tensor", what);
+  std::vector<Tensor> list;
+  std::size_t i = 0;
+  for (nb::handle t : nb::iter(tensors)) {
+    list.push_back(tensor_arg(t, what, fmt::format("tensors[{}]", i++)));
+  }
+  return list;
+}
+
 // The result, or `out` after an out= call.
 template <class Make, class Into>
 nb::object with_out(nb::handle out, Make&& make, Into&& into, std::string_view what) {
@@ -492,28 +504,14 @@ void bind_ops(nb::module_& m) {
   ops.def(
       "concat",
       [](nb::handle tensors, std::int64_t dim, nb::handle queue) {
-        std::vector<Tensor> list;
-        RETRACE_CHECK(nb::isinstance<nb::sequence>(tensors), invalid_argument,
-                      "concat: tensors must be a sequence of retrace.Tensor");
-        std::size_t i = 0;
-        for (nb::handle t : nb::iter(tensors)) {
-          list.push_back(tensor_arg(t, "concat", fmt::format("tensors[{}]", i++)));
-        }
-        return ops::concat(list, dim, parse_queue(queue));
+        return ops::concat(tensor_list(tensors, "concat"), dim, parse_queue(queue));
       },
       nb::arg("tensors"), nb::arg("dim") = 0, nb::kw_only(), nb::arg("queue") = nb::none());
   ops.attr("cat") = ops.attr("concat");
   ops.def(
       "stack",
       [](nb::handle tensors, std::int64_t dim, nb::handle queue) {
-        std::vector<Tensor> list;
-        RETRACE_CHECK(nb::isinstance<nb::sequence>(tensors), invalid_argument,
-                      "stack: tensors must be a sequence of retrace.Tensor");
-        std::size_t i = 0;
-        for (nb::handle t : nb::iter(tensors)) {
-          list.push_back(tensor_arg(t, "stack", fmt::format("tensors[{}]", i++)));
-        }
-        return ops::stack(list, dim, parse_queue(queue));
+        return ops::stack(tensor_list(tensors, "stack"), dim, parse_queue(queue));
       },
       nb::arg("tensors"), nb::arg("dim") = 0, nb::kw_only(), nb::arg("queue") = nb::none(),
       "torch.stack: the tensors along a new dimension.");

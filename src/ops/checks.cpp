@@ -62,14 +62,18 @@ void check_dtype_in(const Tensor& tensor, std::string_view op, std::string_view 
 
 namespace retrace::ops::detail {
 
-std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
-  std::vector<std::int64_t> strides(shape.rank());
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> extents) {
+  std::vector<std::int64_t> strides(extents.size());
   std::int64_t s = 1;
-  for (std::size_t i = shape.rank(); i-- > 0;) {
+  for (std::size_t i = extents.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape.dims()[i];
+    s *= extents[i];
   }
   return strides;
+}
+
+std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
+  return contiguous_strides(shape.dims());
 }
 
 std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view op) {

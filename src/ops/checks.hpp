@@ -43,6 +43,8 @@ namespace retrace::ops::detail {
 
 // Row-major strides (in elements) of a shape.
 std::vector<std::int64_t> contiguous_strides(const Shape& shape);
+// The same for a list of extents of any length (a copy's iteration space before merging).
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> extents);
 // Strides of `shape` seen from a broadcast output `out` (numpy alignment; 0 where broadcast).
 std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out);
 

@@ -163,12 +163,7 @@ Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, bool exact, co
   std::vector<std::int64_t> out_dims(dims.begin(), dims.end());
   out_dims[d] = m.out;
   Tensor out = empty_like(a, make_shape(out_dims), op);
-  std::vector<std::int64_t> dst_strides(shape.size());
-  std::int64_t acc = 1;
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    dst_strides[i] = acc;
-    acc *= shape[i];
-  }
+  const std::vector<std::int64_t> dst_strides = contiguous_strides(shape);
   strided_copy(op, a, 0, shape, src_strides, out, 0, dst_strides, queue);
   return out;
 }

@@ -290,18 +290,16 @@ Tensor repeat(const Tensor& a, std::span<const std::int64_t> repeats, QueueId qu
     const std::int64_t r = repeats[i];
     RETRACE_CHECK(r >= 0, invalid_argument, "repeat: repeats[{}] is {}; repeats are >= 0", i, r);
     const std::int64_t extent = i < lead ? 1 : a.shape().dims()[i - lead];
-    dims.push_back(r * extent);
+    std::int64_t total = 0;
+    RETRACE_CHECK(!__builtin_mul_overflow(r, extent, &total), invalid_argument,
+                  "repeat: dimension {} of extent {} repeated {} times overflows", i, extent, r);
+    dims.push_back(total);
     copy_shape.insert(copy_shape.end(), {r, extent});
     src_strides.insert(src_strides.end(), {0, i < lead ? 0 : strides[i - lead]});
   }
   const Shape target = result_shape(dims, op);
   Tensor out = empty_like(a, target, op);
-  std::vector<std::int64_t> dst_strides(copy_shape.size());
-  std::int64_t acc = 1;
-  for (std::size_t i = copy_shape.size(); i-- > 0;) {
-    dst_strides[i] = acc;
-    acc *= copy_shape[i];
-  }
+  const std::vector<std::int64_t> dst_strides = contiguous_strides(copy_shape);
   strided_copy(op, a, 0, copy_shape, src_strides, out, 0, dst_strides, queue);
   return out;
 }
