@@ -32,14 +32,19 @@ const float* as_float(const T* data, std::int64_t n, int slot) {
     return data;
   } else {
     float* out = scratch(slot, n);
-    for (std::int64_t i = 0; i < n; ++i) out[i] = Elem<T>::load(data, i);
+    // Split over the kernel threads when called outside a parallel loop (a matmul's operands).
+    parallel_for(n, std::int64_t{1} << 15, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) out[i] = Elem<T>::load(data, i);
+    });
     return out;
   }
 }
 
 template <class T>
 void store_from_float(const float* src, T* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) Elem<T>::store(dst, i, src[i]);
+  parallel_for(n, std::int64_t{1} << 15, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) Elem<T>::store(dst, i, src[i]);
+  });
 }
 
 template <class T>
