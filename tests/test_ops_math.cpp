@@ -126,6 +126,20 @@ TEST_F(OpMathTest, UnaryOpsAtSpecialValues) {
   EXPECT_LE(ulps(ops::cos(x).to_vector<float>()[6], static_cast<float>(std::cos(double{1e20f}))), 1);
   EXPECT_LE(ulps(ops::erf(x).to_vector<float>()[5], static_cast<float>(std::erf(double{1e-30f}))), 1);
   same(ops::square(x), {0.0f, 0.0f, kInf, kInf, kNaN, 0.0f, kInf});
+  // abs clears the sign bit; relu keeps -0 and NaN as torch's does; gelu(inf) = inf.
+  same(ops::abs(x), {0.0f, 0.0f, kInf, kInf, kNaN, 1e-30f, 1e20f});
+  same(ops::relu(x), {0.0f, -0.0f, kInf, 0.0f, kNaN, 1e-30f, 1e20f});
+  same(ops::gelu(x), {0.0f, -0.0f, kInf, kNaN, kNaN, 5e-31f, 1e20f});
+}
+
+// gelu's negative tail, where x Phi(x) is small: relative accuracy against float64 (a form with
+// 1 + erf(x / sqrt 2) loses it there by cancellation).
+TEST_F(OpMathTest, GeluIsAccurateInItsTails) {
+  const auto x = uniform(4096, -12.0f, 12.0f, 5);
+  const std::int64_t tolerance = 8;  // CPU: two exps and the fit; CUDA: erfcf (4 ulp)
+  expect_accurate(
+      "gelu", ops::gelu, [](double v) { return 0.5 * v * std::erfc(-v / std::sqrt(2.0)); }, x,
+      tolerance);
 }
 
 TEST_F(OpMathTest, PowFollowsCAndBroadcasts) {

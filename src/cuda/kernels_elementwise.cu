@@ -32,11 +32,11 @@ __device__ inline float apply_unary(float x) {
   } else if constexpr (op == UnaryOp::sigmoid) {
     return 1.0f / (1.0f + expf(-x));
   } else if constexpr (op == UnaryOp::relu) {
-    return x > 0.0f || x != x ? x : 0.0f;  // NaN stays NaN
+    return x < 0.0f ? 0.0f : x;  // NaN stays NaN, -0 stays -0 (as torch's relu)
   } else if constexpr (op == UnaryOp::silu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (op == UnaryOp::gelu) {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    return 0.5f * x * erfcf(-x * 0.70710678118654752f);  // no cancellation in the negative tail
   } else if constexpr (op == UnaryOp::sin) {
     return sinf(x);
   } else if constexpr (op == UnaryOp::cos) {
