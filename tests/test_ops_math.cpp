@@ -140,6 +140,17 @@ TEST_F(OpMathTest, GeluIsAccurateInItsTails) {
   expect_accurate(
       "gelu", ops::gelu, [](double v) { return 0.5 * v * std::erfc(-v / std::sqrt(2.0)); }, x,
       tolerance);
+  // The tanh form: x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3). Its float32 inner
+  // value u carries a relative rounding error that exp(-2u) multiplies by |2u| (17 at x = -5),
+  // so the bound is looser (64 ulp), but there is no cancellation of 1 + tanh(u) (which left
+  // no correct digit at x = -5).
+  const auto y = uniform(4096, -5.0f, 12.0f, 6);
+  expect_accurate(
+      "gelu_tanh", ops::gelu_tanh,
+      [](double v) {
+        return v / (1.0 + std::exp(-2.0 * std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+      },
+      y, 64);
 }
 
 TEST_F(OpMathTest, PowFollowsCAndBroadcasts) {

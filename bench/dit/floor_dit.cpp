@@ -148,7 +148,7 @@ void FloorDiT::step(float* x, const float* t_frequencies, std::int64_t label, fl
     linear(y_.data(), t, pre + "mlp.fc1", m, h, mlp_.data());
     for (float& v : mlp_) {
       const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
-      v = v * (1.0f - 1.0f / (cpu::vector_exp(2.0f * inner) + 1.0f));
+      v = v / (1.0f + cpu::vector_exp(-2.0f * inner));
     }
     linear(mlp_.data(), t, pre + "mlp.fc2", h, m, v_.data());
     for (std::int64_t i = 0; i < t * h; ++i) state[i] += v_[i] * mo[5 * h + i % h];

@@ -137,9 +137,10 @@ inline C apply_unary(C x) {
   } else if constexpr (op == UnaryOp::erf) {
     return std::erf(x);  // libm: within an ulp (gelu keeps its faster polynomial)
   } else {
-    // 0.5 x (1 + tanh(u)) = x (1 - 1 / (exp(2u) + 1)), without a libm call.
+    // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), without a libm call and without the
+    // cancellation of 1 + tanh(u) in the negative tail.
     const C inner = C(0.79788456080286536) * (x + C(0.044715) * x * x * x);
-    return x * (C(1) - C(1) / (vector_exp(C(2) * inner) + C(1)));
+    return x / (C(1) + vector_exp(C(-2) * inner));
   }
 }
 

@@ -47,7 +47,7 @@ __device__ inline float apply_unary(float x) {
     return erff(x);
   } else {
     const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(inner));
+    return x / (1.0f + expf(-2.0f * inner));  // 0.5 x (1 + tanh(u)), no cancellation
   }
 }
 
