@@ -132,6 +132,37 @@ TEST_F(OpMathTest, UnaryOpsAtSpecialValues) {
   same(ops::gelu(x), {0.0f, -0.0f, kInf, kNaN, kNaN, 5e-31f, 1e20f});
 }
 
+TEST_F(OpMathTest, RoundingOpsAsTorch) {
+  const Tensor x = floats({-2.5f, -1.5f, -0.5f, -0.2f, 0.0f, -0.0f, 0.5f, 1.5f, 2.5f, 2.7f,
+                           8388609.0f, kInf, -kInf, kNaN});
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<std::uint32_t> out;
+    for (float f : v) out.push_back(std::isnan(f) ? 0x7fc00000u : std::bit_cast<std::uint32_t>(f));
+    return out;
+  };
+  // torch.round rounds halves to even; every op keeps -0, infinities and NaN.
+  EXPECT_EQ(bits(ops::round(x).to_vector<float>()),
+            bits({-2.0f, -2.0f, -0.0f, -0.0f, 0.0f, -0.0f, 0.0f, 2.0f, 2.0f, 3.0f, 8388609.0f,
+                  kInf, -kInf, kNaN}));
+  EXPECT_EQ(bits(ops::floor(x).to_vector<float>()),
+            bits({-3.0f, -2.0f, -1.0f, -1.0f, 0.0f, -0.0f, 0.0f, 1.0f, 2.0f, 2.0f, 8388609.0f,
+                  kInf, -kInf, kNaN}));
+  EXPECT_EQ(bits(ops::ceil(x).to_vector<float>()),
+            bits({-2.0f, -1.0f, -0.0f, -0.0f, 0.0f, -0.0f, 1.0f, 2.0f, 3.0f, 3.0f, 8388609.0f,
+                  kInf, -kInf, kNaN}));
+  EXPECT_EQ(bits(ops::trunc(x).to_vector<float>()),
+            bits({-2.0f, -1.0f, -0.0f, -0.0f, 0.0f, -0.0f, 0.0f, 1.0f, 2.0f, 2.0f, 8388609.0f,
+                  kInf, -kInf, kNaN}));
+  // 16-bit dtypes and out= (in place).
+  const Tensor h = floats({-1.5f, 2.5f, 3.25f}, DType::bfloat16);
+  ops::round(h, h);
+  EXPECT_EQ(h.to_vector<float>(), (std::vector<float>{-2.0f, 2.0f, 3.0f}));
+  EXPECT_EQ(ops::floor(floats({-1.5f, 2.5f}, DType::float16)).to_vector<float>(),
+            (std::vector<float>{-2.0f, 2.0f}));
+  EXPECT_RETRACE_ERROR((void)ops::floor(ops::full({2}, 1.0, device(), DType::int32)),
+                       invalid_argument, "floor");
+}
+
 // gelu's negative tail, where x Phi(x) is small: relative accuracy against float64 (a form with
 // 1 + erf(x / sqrt 2) loses it there by cancellation).
 TEST_F(OpMathTest, GeluIsAccurateInItsTails) {

@@ -72,7 +72,8 @@ inline constexpr int kMaxBatchRank = kMaxKernelRank - 2;  // matmul: [batch..., 
 
 enum class BinaryOp : std::uint8_t { add, sub, mul, div, maximum, minimum, pow };
 enum class UnaryOp : std::uint8_t {
-  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh, sin, cos, square, erf
+  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh, sin, cos, square, erf,
+  floor, ceil, round, trunc
 };
 // argmax writes int32 indices (the first maximum; the first NaN, as torch) to out.
 enum class ReduceOp : std::uint8_t { sum, mean, max, argmax };

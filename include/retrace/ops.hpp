@@ -154,6 +154,10 @@ RETRACE_DECLARE_UNARY(sin)
 RETRACE_DECLARE_UNARY(cos)
 RETRACE_DECLARE_UNARY(square)
 RETRACE_DECLARE_UNARY(erf)
+RETRACE_DECLARE_UNARY(floor)
+RETRACE_DECLARE_UNARY(ceil)
+RETRACE_DECLARE_UNARY(round)  // halves to even, as torch.round and numpy.round
+RETRACE_DECLARE_UNARY(trunc)
 #undef RETRACE_DECLARE_UNARY
 
 // --- reductions and normalisations over the last dimension (row-major) ---------------------------

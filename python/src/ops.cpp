@@ -314,6 +314,10 @@ void bind_ops(nb::module_& m) {
   RETRACE_PY_UNARY(cos);
   RETRACE_PY_UNARY(square);
   RETRACE_PY_UNARY(erf);
+  RETRACE_PY_UNARY(floor);
+  RETRACE_PY_UNARY(ceil);
+  RETRACE_PY_UNARY(round);
+  RETRACE_PY_UNARY(trunc);
 #undef RETRACE_PY_UNARY
 
   ops.def(

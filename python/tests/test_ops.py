@@ -419,3 +419,12 @@ def test_stack_expand_repeat_flip_match_numpy(device):
     assert ops.contiguous(xt) is not None
     with pytest.raises(retrace.InvalidArgument, match="expand: dimension 0"):
         ops.expand(xt, (3, 1, 3))
+
+
+def test_rounding_ops_match_numpy(device):
+    a = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.7, -2.7], np.float32)
+    t = retrace.from_numpy(a, device=device)
+    np.testing.assert_array_equal(ops.round(t).numpy(), np.round(a))  # halves to even
+    np.testing.assert_array_equal(ops.floor(t).numpy(), np.floor(a))
+    np.testing.assert_array_equal(ops.ceil(t).numpy(), np.ceil(a))
+    np.testing.assert_array_equal(ops.trunc(t).numpy(), np.trunc(a))

@@ -134,6 +134,14 @@ inline C apply_unary(C x) {
     return std::cos(x);
   } else if constexpr (op == UnaryOp::square) {
     return x * x;
+  } else if constexpr (op == UnaryOp::floor) {
+    return std::floor(x);
+  } else if constexpr (op == UnaryOp::ceil) {
+    return std::ceil(x);
+  } else if constexpr (op == UnaryOp::round) {
+    return std::nearbyint(x);  // halves to even (the default rounding mode), as torch.round
+  } else if constexpr (op == UnaryOp::trunc) {
+    return std::trunc(x);
   } else if constexpr (op == UnaryOp::erf) {
     return std::erf(x);  // libm: within an ulp (gelu keeps its faster polynomial)
   } else {

@@ -273,6 +273,14 @@ KernelFn resolve(const UnaryParams& p) {
       return unary_for_dtype<UnaryOp::square>(p.dtype);
     case UnaryOp::erf:
       return unary_for_dtype<UnaryOp::erf>(p.dtype);
+    case UnaryOp::floor:
+      return unary_for_dtype<UnaryOp::floor>(p.dtype);
+    case UnaryOp::ceil:
+      return unary_for_dtype<UnaryOp::ceil>(p.dtype);
+    case UnaryOp::round:
+      return unary_for_dtype<UnaryOp::round>(p.dtype);
+    case UnaryOp::trunc:
+      return unary_for_dtype<UnaryOp::trunc>(p.dtype);
   }
   RETRACE_FAIL(invalid_argument, "unknown unary op");
 }

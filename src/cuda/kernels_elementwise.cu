@@ -43,6 +43,14 @@ __device__ inline float apply_unary(float x) {
     return cosf(x);
   } else if constexpr (op == UnaryOp::square) {
     return x * x;
+  } else if constexpr (op == UnaryOp::floor) {
+    return floorf(x);
+  } else if constexpr (op == UnaryOp::ceil) {
+    return ceilf(x);
+  } else if constexpr (op == UnaryOp::round) {
+    return rintf(x);  // halves to even, as torch.round
+  } else if constexpr (op == UnaryOp::trunc) {
+    return truncf(x);
   } else if constexpr (op == UnaryOp::erf) {
     return erff(x);
   } else {
@@ -416,6 +424,18 @@ void launch_unary_typed(UnaryOp op, const UnaryParams& p, const LaunchContext& c
       break;
     case U::erf:
       go(std::integral_constant<U, U::erf>{});
+      break;
+    case U::floor:
+      go(std::integral_constant<U, U::floor>{});
+      break;
+    case U::ceil:
+      go(std::integral_constant<U, U::ceil>{});
+      break;
+    case U::round:
+      go(std::integral_constant<U, U::round>{});
+      break;
+    case U::trunc:
+      go(std::integral_constant<U, U::trunc>{});
       break;
   }
 }
