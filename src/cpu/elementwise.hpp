@@ -143,7 +143,7 @@ inline C apply_unary(C x) {
   } else if constexpr (op == UnaryOp::trunc) {
     return std::trunc(x);
   } else if constexpr (op == UnaryOp::erf) {
-    return std::erf(x);  // libm: within an ulp (gelu keeps its faster polynomial)
+    return std::erf(x);  // libm: within an ulp (gelu has its own vectorised erfc, above)
   } else {
     // 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), without a libm call and without the
     // cancellation of 1 + tanh(u) in the negative tail.

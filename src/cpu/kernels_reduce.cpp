@@ -130,7 +130,7 @@ void norm_kernel(const std::byte* raw) {
                    });
                    const float inv = 1.0f / std::sqrt(var / cols + p.eps);
                    for (std::int64_t c = 0; c < p.cols; ++c) {
-                     float y = (float(E::load(row, c)) - mean) * inv;
+                     float y = (x(c) - mean) * inv;
                      if (w != nullptr) y *= float(E::load(w, c));
                      if (b != nullptr) y += float(E::load(b, c));
                      E::store(o, c, y);

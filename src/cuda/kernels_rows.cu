@@ -178,8 +178,6 @@ __global__ void tilize_kernel(const FailureRecord* record, const T* src, T* dst,
   }
 }
 
-
-
 }  // namespace
 
 cudaError_t launch_reduce(const ReduceParams& p, const LaunchContext& ctx) {

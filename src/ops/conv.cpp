@@ -75,45 +75,48 @@ Tensor pad(const Tensor& a, std::initializer_list<std::int64_t> pads, double val
 namespace {
 
 // How one output coordinate maps to the input along one resized dimension, as torch computes it
-// (float32 arithmetic throughout, so the indices and weights are torch's bit for bit).
+// (float32 arithmetic throughout, so the indices and weights are torch's bit for bit): output i
+// reads position (i + offset) * scale - shift.
 struct AxisMap {
   std::int64_t in = 0, out = 0;
-  float scale = 0.0f;  // torch's area_pixel scale: in / out, or (in - 1) / (out - 1) aligned
+  float scale = 0.0f;   // torch's area_pixel scale: in / out, or (in - 1) / (out - 1) aligned
+  float offset = 0.0f;  // 0.5: pixel centres (nearest-exact, bilinear without align_corners)
+  float shift = 0.0f;   // 0.5 for bilinear without align_corners (positions clamped at 0)
 };
 
 AxisMap axis_map(std::int64_t in, std::int64_t out, const InterpolateOptions& o) {
-  AxisMap m{in, out, 0.0f};
-  if (o.mode == InterpolateMode::bilinear && o.align_corners) {
+  AxisMap m{in, out};
+  const bool bilinear = o.mode == InterpolateMode::bilinear;
+  if (bilinear && o.align_corners) {
     m.scale = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
   } else {
     m.scale = static_cast<float>(in) / static_cast<float>(out);
   }
+  const bool centres = o.mode == InterpolateMode::nearest_exact || (bilinear && !o.align_corners);
+  m.offset = centres ? 0.5f : 0.0f;
+  m.shift = bilinear && !o.align_corners ? 0.5f : 0.0f;
   return m;
 }
 
-// The nearest source index of output i (torch's nearest_idx / nearest_exact_idx).
-std::int64_t nearest_source(const AxisMap& m, std::int64_t i, bool exact) {
-  if (!exact && m.out == m.in) return i;
-  if (!exact && m.out == 2 * m.in) return i >> 1;
-  const float at = exact ? (static_cast<float>(i) + 0.5f) * m.scale : static_cast<float>(i) * m.scale;
+// The nearest source index of output i (torch's nearest_idx / nearest_exact_idx; an unchanged
+// extent never gets here).
+std::int64_t nearest_source(const AxisMap& m, std::int64_t i) {
+  if (m.offset == 0.0f && m.out == 2 * m.in) return i >> 1;
+  const float at = (static_cast<float>(i) + m.offset) * m.scale;
   return std::min(static_cast<std::int64_t>(std::floor(at)), m.in - 1);
 }
 
-// The source coordinates as a float32 device tensor [out], made by arange so a trace records
+// The source positions as a float32 device tensor [out], made by arange so a trace records
 // them (no host write during a capture). arange computes start + i * step in double and rounds
 // once, which is what torch's kernels compute: `scale * (i + 0.5) - 0.5` is one fused
 // multiply-add there (and exact in double for every size that fits an int32 index).
-Tensor source_positions(const AxisMap& m, bool exact, bool bilinear, bool align_corners,
-                        Device& device, QueueId queue) {
+Tensor source_positions(const AxisMap& m, Device& device, QueueId queue) {
   const auto scale = static_cast<double>(m.scale);
-  // Output i reads position (i + offset) * scale - shift.
-  const double offset = (exact || (bilinear && !align_corners)) ? 0.5 : 0.0;
-  const double shift = bilinear && !align_corners ? 0.5 : 0.0;
-  const double start = offset * scale - shift;
+  const double start = static_cast<double>(m.offset) * scale - static_cast<double>(m.shift);
   Tensor at = scale == 0.0 ? full({m.out}, start, device, DType::float32, Layout::row_major, queue)
                            : arange(start, start + (static_cast<double>(m.out) - 0.5) * scale,
                                     scale, device, DType::float32, queue);
-  return bilinear && !align_corners ? maximum(at, 0.0, queue) : at;
+  return m.shift != 0.0f ? maximum(at, 0.0, queue) : at;
 }
 
 Tensor floor_index(const Tensor& positions, std::int64_t in, QueueId queue) {
@@ -132,20 +135,19 @@ const char* mode_name(InterpolateMode mode) {
 
 // Nearest resizing of dimension `dim` (-2 or -1): one strided copy when every output reads
 // source i / k or i * k (whole ratios), an index_select otherwise.
-Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, bool exact, const char* op,
+Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, const char* op,
                       QueueId queue) {
   const std::size_t rank = a.shape().rank();
   const auto d = static_cast<std::size_t>(static_cast<int>(rank) + dim);
   bool up = m.out % m.in == 0, down = m.in % m.out == 0;
   for (std::int64_t i = 0; i < m.out && (up || down); ++i) {
-    const std::int64_t src = nearest_source(m, i, exact);
+    const std::int64_t src = nearest_source(m, i);
     up = up && src == i / (m.out / m.in);
     down = down && src == i * (m.in / m.out);
   }
   if (!up && !down) {
     Device& device = *a.device();
-    const Tensor index = floor_index(
-        source_positions(m, exact, false, false, device, queue), m.in, queue);
+    const Tensor index = floor_index(source_positions(m, device, queue), m.in, queue);
     return index_select(a, dim, index, queue);
   }
   const auto dims = a.shape().dims();
@@ -169,10 +171,9 @@ Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, bool exact, co
 }
 
 // Linear resizing of dimension `dim` of a float32 tensor: lambda0 * a[i0] + lambda1 * a[i1].
-Tensor resize_linear(const Tensor& a, int dim, const AxisMap& m, bool align_corners,
-                     QueueId queue) {
+Tensor resize_linear(const Tensor& a, int dim, const AxisMap& m, QueueId queue) {
   Device& device = *a.device();
-  const Tensor positions = source_positions(m, false, true, align_corners, device, queue);
+  const Tensor positions = source_positions(m, device, queue);
   const Tensor i0 = floor_index(positions, m.in, queue);
   const Tensor i1 = minimum(add(i0, 1.0, queue), static_cast<double>(m.in - 1), queue);
   Tensor lambda1 =
@@ -224,9 +225,7 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
     if (in[i] == out[i]) continue;  // torch copies an unchanged extent
     const AxisMap m = axis_map(in[i], out[i], options);
     const int dim = i == 0 ? -2 : -1;
-    x = bilinear ? resize_linear(x, dim, m, options.align_corners, queue)
-                 : resize_nearest(x, dim, m, options.mode == InterpolateMode::nearest_exact, op,
-                                  queue);
+    x = bilinear ? resize_linear(x, dim, m, queue) : resize_nearest(x, dim, m, op, queue);
   }
   if (narrow) return typecast(x, a.dtype(), queue);
   return x.buffer() == a.buffer() ? a.clone(queue) : x;

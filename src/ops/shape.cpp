@@ -26,6 +26,20 @@ Shape make_shape(const std::vector<std::int64_t>& dims) {
   return Shape(std::span<const std::int64_t>(dims));
 }
 
+// For expand and repeat, which take one value per dimension of a row-major device tensor,
+// extra values in front adding dimensions: how many dimensions `given` values add.
+std::size_t new_leading_dims(const Tensor& a, std::size_t given, std::string_view values,
+                             std::string_view op) {
+  device_of(a, op, "a");
+  check_row_major(a, op);
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(given >= rank, invalid_argument,
+                "{}: {} {} given for a tensor of rank {} (give at least one per dimension; new "
+                "ones go in front)",
+                op, given, values, rank);
+  return given - rank;
+}
+
 }  // namespace
 
 namespace detail {
@@ -233,14 +247,7 @@ Tensor stack(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) {
 
 Tensor expand(const Tensor& a, std::span<const std::int64_t> shape, QueueId queue) {
   constexpr const char* op = "expand";
-  device_of(a, op, "a");
-  check_row_major(a, op);
-  const std::size_t rank = a.shape().rank();
-  RETRACE_CHECK(shape.size() >= rank, invalid_argument,
-                "expand: {} extents given for a tensor of rank {} (give at least one per "
-                "dimension; new ones go in front)",
-                shape.size(), rank);
-  const std::size_t lead = shape.size() - rank;
+  const std::size_t lead = new_leading_dims(a, shape.size(), "extents", op);
   const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
   std::vector<std::int64_t> dims(shape.size()), src_strides(shape.size(), 0);
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -274,14 +281,7 @@ Tensor expand(const Tensor& a, std::initializer_list<std::int64_t> shape, QueueI
 
 Tensor repeat(const Tensor& a, std::span<const std::int64_t> repeats, QueueId queue) {
   constexpr const char* op = "repeat";
-  device_of(a, op, "a");
-  check_row_major(a, op);
-  const std::size_t rank = a.shape().rank();
-  RETRACE_CHECK(repeats.size() >= rank, invalid_argument,
-                "repeat: {} repeats given for a tensor of rank {} (give at least one per "
-                "dimension; new ones go in front)",
-                repeats.size(), rank);
-  const std::size_t lead = repeats.size() - rank;
+  const std::size_t lead = new_leading_dims(a, repeats.size(), "repeats", op);
   const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
   // The output seen as [r0, d0, r1, d1, ...]: each copy of the input reads it with stride 0
   // along the repeat dimensions.
