@@ -192,6 +192,129 @@ TEST_F(OpEdgesTest, TrueDivideGivesFloatsAsPythonsSlash) {
                        "true_divide: a is a null tensor");
 }
 
+// Python's float `//` and `%`, computed exactly in double: float32 operands' fmod is exact, the
+// quotient (a - fmod) / b is a whole number exactly representable in double for these ranges,
+// and remainder's mod + b (opposite signs, |mod| < |b|) is exact before its one rounding.
+double floor_divide_reference(double a, double b) {
+  if (b == 0) return a / b;
+  const double mod = std::fmod(a, b);
+  double q = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) q -= 1;
+  return q == 0 ? std::copysign(0.0, a / b) : q;
+}
+double remainder_reference(double a, double b) {
+  const double mod = std::fmod(a, b);
+  return (mod != 0 && ((b < 0) != (mod < 0))) ? mod + b : mod;
+}
+
+TEST_F(OpEdgesTest, FloorDivideFmodRemainderMatchPythonOnFloats) {
+  // Random operands of mixed signs and magnitudes (quotients below 2^22, where float32 holds
+  // every whole number), then the special values.
+  std::vector<float> a = testing::random_floats(4000, 71), b = testing::random_floats(4000, 72);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = a[i] * std::ldexp(1.0f, static_cast<int>(i % 13));
+    b[i] = b[i] + (b[i] < 0 ? -0.01f : 0.01f);
+  }
+  const std::vector<float> specials = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, -2.5f, 3.0f, 1e-30f,
+                                       kInf, -kInf, kNaN, 7.0f, -7.0f, 1e30f};
+  for (float x : specials) {
+    for (float y : specials) {
+      a.push_back(x);
+      b.push_back(y);
+    }
+  }
+  const Shape shape{static_cast<std::int64_t>(a.size())};
+  const Tensor at = floats(a, shape), bt = floats(b, shape);
+  const std::vector<float> q = ops::floor_divide(at, bt).to_vector<float>();
+  const std::vector<float> r = ops::remainder(at, bt).to_vector<float>();
+  const std::vector<float> f = ops::fmod(at, bt).to_vector<float>();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto want_q = static_cast<float>(floor_divide_reference(a[i], b[i]));
+    const auto want_r = static_cast<float>(remainder_reference(a[i], b[i]));
+    const auto want_f = static_cast<float>(std::fmod(static_cast<double>(a[i]), b[i]));
+    const auto same = [](float x, float y) {
+      return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y) ||
+             (std::isnan(x) && std::isnan(y));
+    };
+    if (std::abs(want_q) < 0x1p22f || !std::isfinite(want_q)) {
+      EXPECT_TRUE(same(q[i], want_q)) << a[i] << " // " << b[i] << " = " << q[i] << ", not " << want_q;
+    } else {
+      EXPECT_NEAR(q[i], want_q, std::abs(want_q) * 0x1p-22f) << a[i] << " // " << b[i];
+    }
+    EXPECT_TRUE(same(r[i], want_r)) << a[i] << " % " << b[i] << " = " << r[i] << ", not " << want_r;
+    EXPECT_TRUE(same(f[i], want_f)) << "fmod(" << a[i] << ", " << b[i] << ") = " << f[i];
+  }
+  // The three with a scalar, and broadcasting, agree with the tensor forms.
+  const Tensor col = floats({-7.5f, 7.5f}, {2, 1});
+  const Tensor row = floats({2.0f, -2.0f, 0.5f}, {1, 3});
+  EXPECT_EQ(ops::floor_divide(col, row).to_vector<float>(),
+            (std::vector<float>{-4, 3, -15, 3, -4, 15}));
+  EXPECT_EQ(ops::remainder(col, row).to_vector<float>(),
+            (std::vector<float>{0.5f, -1.5f, 0, 1.5f, -0.5f, 0}));
+  EXPECT_EQ(ops::fmod(col, -2.0).to_vector<float>(), (std::vector<float>{-1.5f, 1.5f}));
+  EXPECT_EQ(ops::remainder(col, -2.0).to_vector<float>(), (std::vector<float>{-1.5f, -0.5f}));
+}
+
+TEST_F(OpEdgesTest, FloorDivideFmodRemainderOnIntegersAreDefinedEverywhere) {
+  const std::int32_t lo = std::numeric_limits<std::int32_t>::min();
+  const std::vector<std::int32_t> a = {7, -7, 7, -7, 6, -6, lo, lo, 5, 0, -1, lo};
+  const std::vector<std::int32_t> b = {2, 2, -2, -2, 3, 3, -1, 1, 0, 0, 5, 2};
+  const Tensor at = Tensor::from_vector<std::int32_t>(a, {12}, DType::int32).to_device(device());
+  const Tensor bt = Tensor::from_vector<std::int32_t>(b, {12}, DType::int32).to_device(device());
+  EXPECT_EQ(ops::floor_divide(at, bt).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{3, -4, -4, 3, 2, -2, lo, lo, 0, 0, -1, lo / 2}));
+  EXPECT_EQ(ops::remainder(at, bt).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{1, 1, -1, -1, 0, 0, 0, 0, 0, 0, 4, 0}));
+  EXPECT_EQ(ops::fmod(at, bt).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{1, -1, 1, -1, 0, 0, 0, 0, 0, 0, -1, 0}));
+  // Every remainder satisfies a == floor_divide(a, b) * b + remainder(a, b) (b != 0).
+  const std::vector<std::int32_t> q = ops::floor_divide(at, bt).to_vector<std::int32_t>();
+  const std::vector<std::int32_t> r = ops::remainder(at, bt).to_vector<std::int32_t>();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (b[i] == 0) continue;
+    EXPECT_EQ(static_cast<std::int64_t>(q[i]) * b[i] + r[i] - a[i],
+              b[i] == -1 && a[i] == lo ? std::int64_t{1} << 32 : 0)
+        << a[i] << ", " << b[i];
+  }
+  // int64 and uint32, scalar divisors.
+  const Tensor big = Tensor::from_vector<std::int64_t>({-9, std::numeric_limits<std::int64_t>::min()},
+                                                       {2}, DType::int64)
+                         .to_device(device());
+  EXPECT_EQ(ops::floor_divide(big, 4.0).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{-3, std::numeric_limits<std::int64_t>::min() / 4}));
+  EXPECT_EQ(ops::remainder(big, -1.0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 0}));
+  const Tensor u = Tensor::from_vector<std::uint32_t>({7, 4294967295u}, {2}, DType::uint32)
+                       .to_device(device());
+  EXPECT_EQ(ops::remainder(u, 4.0).to_vector<std::uint32_t>(), (std::vector<std::uint32_t>{3, 3}));
+  EXPECT_EQ(ops::floor_divide(u, 0.0).to_vector<std::uint32_t>(), (std::vector<std::uint32_t>{0, 0}));
+  // A fractional scalar for an integer tensor is refused, naming the op.
+  EXPECT_RETRACE_ERROR((void)ops::remainder(at, 2.5), invalid_argument, "remainder: the scalar");
+  EXPECT_RETRACE_ERROR((void)ops::floor_divide(at, ops::full({3}, 1.0, device(), DType::int32)),
+                       invalid_argument, "floor_divide");
+}
+
+TEST_F(OpEdgesTest, FloorDivideAndRemainderIn16BitFloatsRoundOnce) {
+  const std::vector<float> a = {-7.5f, 7.5f, 10.25f, -3.0f, 0.0f};
+  const std::vector<float> b = {2.0f, -2.0f, 3.0f, 0.75f, -2.0f};
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    const Tensor at = device_tensor(device(), a, {5}, dtype);
+    const Tensor bt = device_tensor(device(), b, {5}, dtype);
+    EXPECT_EQ(ops::floor_divide(at, bt).to_vector<float>(),
+              (std::vector<float>{-4, -4, 3, -4, -0.0f}));
+    EXPECT_EQ(ops::remainder(at, bt).to_vector<float>(),
+              (std::vector<float>{0.5f, -0.5f, 1.25f, 0, 0}));
+  }
+}
+
+TEST_F(OpEdgesTest, FloorDivideAndRemainderTraceBitForBit) {
+  testing::expect_traced_equals_eager(
+      device(),
+      [](const Tensor& x) {
+        return ops::add(ops::floor_divide(x, 0.37), ops::remainder(ops::mul(x, 5.0), x));
+      },
+      Shape{3, 65}, 801);
+}
+
 TEST_F(OpEdgesTest, ErrorsNameTheOpTheUserCalled) {
   const Tensor a = floats({1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_RETRACE_ERROR((void)ops::reshape(a, {4, 2}), invalid_argument, "reshape");

@@ -70,7 +70,9 @@ inline constexpr std::size_t kMaxKernelParamsBytes = 320;
 inline constexpr int kMaxKernelRank = 8;  // == Shape::kMaxRank (checked in src/ops/checks.cpp)
 inline constexpr int kMaxBatchRank = kMaxKernelRank - 2;  // matmul: [batch..., M, N]
 
-enum class BinaryOp : std::uint8_t { add, sub, mul, div, maximum, minimum, pow };
+enum class BinaryOp : std::uint8_t {
+  add, sub, mul, div, maximum, minimum, pow, floor_divide, fmod, remainder
+};
 enum class UnaryOp : std::uint8_t {
   neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh, sin, cos, square, erf,
   floor, ceil, round, trunc

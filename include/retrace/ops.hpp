@@ -70,6 +70,15 @@ RETRACE_DECLARE_BINARY(div)
 RETRACE_DECLARE_BINARY(maximum)
 RETRACE_DECLARE_BINARY(minimum)
 RETRACE_DECLARE_BINARY(pow)  // a ** b (C's powf for floats; integers: see the header comment)
+// Floor division and the two remainders, as torch.floor_divide (Python's `//`), torch.fmod and
+// torch.remainder (Python's `%`): floor_divide rounds the quotient toward -inf (floats as
+// Python's float `//`: x // 0 is +-inf or NaN); fmod's result has the sign of a (C's fmodf),
+// remainder's the sign of b, and a == floor_divide(a, b) * b + remainder(a, b) up to rounding.
+// Floats: remainder(x, 0) and fmod(x, 0) are NaN. Integers: a zero divisor gives 0 (as numpy),
+// and INT_MIN by -1 gives INT_MIN (floor_divide) and 0 (fmod, remainder).
+RETRACE_DECLARE_BINARY(floor_divide)
+RETRACE_DECLARE_BINARY(fmod)
+RETRACE_DECLARE_BINARY(remainder)
 // Division that always gives a float, as torch.true_divide and Python's `/`: an integer or bool
 // operand is converted to the other operand's floating dtype, or to float32 when neither is
 // floating (an integer beyond 2^24 rounds on the way, as in torch), then divided (x / 0 is

@@ -290,6 +290,11 @@ void bind_ops(nb::module_& m) {
   RETRACE_PY_BINARY(maximum, "Elementwise maximum (NaN propagates).");
   RETRACE_PY_BINARY(minimum, "Elementwise minimum (NaN propagates).");
   RETRACE_PY_BINARY(pow, "a ** b.");
+  RETRACE_PY_BINARY(floor_divide,
+                    "a // b: the quotient rounded toward -inf (integers: x // 0 is 0).");
+  RETRACE_PY_BINARY(fmod, "The remainder of a / b with the sign of a (C's fmod).");
+  RETRACE_PY_BINARY(remainder,
+                    "a % b: the remainder with the sign of b (integers: x % 0 is 0).");
   RETRACE_PY_BINARY(true_divide,
                     "a / b in floating point (integers promote to float32, as torch and the "
                     "`/` operator).");

@@ -238,6 +238,10 @@ nb::tuple shape_tuple(const Shape& shape) {
   return nb::tuple(dims);
 }
 
+// A tensor of a's shape, device and dtype filled with value: the left operand of `value <op> a`.
+Tensor scalar_like(const Tensor& a, double value, const char* op) {
+  return ops::full(a.shape(), value, a.require_device(op, "a"), a.dtype());
+}
 
 // a <op> b for the Python operators (b a Tensor or a number).
 Tensor binary_operator(const Tensor& a, nb::handle b, std::string_view op) {
@@ -251,6 +255,8 @@ Tensor binary_operator(const Tensor& a, nb::handle b, std::string_view op) {
   static const Entry table[] = {
       {"add", &ops::add, &ops::add}, {"sub", &ops::sub, &ops::sub}, {"mul", &ops::mul, &ops::mul},
       {"div", &ops::div, &ops::div}, {"pow", &ops::pow, &ops::pow},
+      {"floor_divide", &ops::floor_divide, &ops::floor_divide},
+      {"remainder", &ops::remainder, &ops::remainder},
       {"true_divide", &ops::true_divide, &ops::true_divide}};
   for (const Entry& e : table) {
     if (e.name != op) continue;
@@ -575,6 +581,19 @@ void bind_tensors(nb::module_& m) {
              return ops::true_divide(ops::full(a.shape(), b, device, dtype), a);
            })
       .def("__pow__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "pow"); })
+      // `//` and `%` round toward -inf, as in Python and torch (integers: x // 0 and x % 0 are 0).
+      .def("__floordiv__",
+           [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "floor_divide"); })
+      .def("__rfloordiv__",
+           [](const Tensor& a, double b) {
+             return ops::floor_divide(scalar_like(a, b, "floor_divide"), a);
+           })
+      .def("__mod__",
+           [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "remainder"); })
+      .def("__rmod__",
+           [](const Tensor& a, double b) {
+             return ops::remainder(scalar_like(a, b, "remainder"), a);
+           })
       .def("__neg__", [](const Tensor& a) { return ops::neg(a); })
       .def("__matmul__", [](const Tensor& a, const Tensor& b) { return ops::matmul(a, b); });
 

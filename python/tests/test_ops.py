@@ -407,6 +407,29 @@ def test_slash_is_true_division(device):
     np.testing.assert_array_equal((1 / x).numpy(), np.array([0.5, 0.25], np.float32))
 
 
+def test_floor_division_and_remainders_match_numpy(device):
+    rng = np.random.default_rng(21)
+    a = (rng.standard_normal(500) * 50).astype(np.float32)
+    b = (rng.standard_normal(500) * 3).astype(np.float32)
+    b[b == 0] = 1.0
+    at, bt = retrace.from_numpy(a, device=device), retrace.from_numpy(b, device=device)
+    np.testing.assert_array_equal((at // bt).numpy(), np.floor_divide(a, b))
+    np.testing.assert_array_equal((at % bt).numpy(), np.remainder(a, b))
+    np.testing.assert_array_equal(ops.fmod(at, bt).numpy(), np.fmod(a, b))
+    np.testing.assert_array_equal((at // 2.5).numpy(), np.floor_divide(a, np.float32(2.5)))
+    np.testing.assert_array_equal((7.0 // bt).numpy(), np.floor_divide(np.float32(7), b))
+    np.testing.assert_array_equal((7.0 % bt).numpy(), np.remainder(np.float32(7), b))
+    i = np.array([7, -7, 7, -7, 0, 5], np.int32)
+    j = np.array([2, 2, -2, -2, 3, 0], np.int32)
+    it, jt = retrace.from_numpy(i, device=device), retrace.from_numpy(j, device=device)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal((it // jt).numpy(), np.floor_divide(i, j))  # x // 0 is 0
+        np.testing.assert_array_equal((it % jt).numpy(), np.remainder(i, j))
+    np.testing.assert_array_equal(ops.fmod(it, jt).numpy(), np.array([1, -1, 1, -1, 0, 0]))
+    with pytest.raises(retrace.InvalidArgument, match="remainder: the scalar"):
+        it % 2.5
+
+
 def test_stack_expand_repeat_flip_match_numpy(device):
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 1, 3)).astype(np.float32)

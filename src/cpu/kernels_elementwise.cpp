@@ -193,6 +193,12 @@ KernelFn binary_for(BinaryOp op, DType dtype) {
       return binary_for_dtype<K, BinaryOp::minimum>(dtype);
     case BinaryOp::pow:
       return binary_for_dtype<K, BinaryOp::pow>(dtype);
+    case BinaryOp::floor_divide:
+      return binary_for_dtype<K, BinaryOp::floor_divide>(dtype);
+    case BinaryOp::fmod:
+      return binary_for_dtype<K, BinaryOp::fmod>(dtype);
+    case BinaryOp::remainder:
+      return binary_for_dtype<K, BinaryOp::remainder>(dtype);
   }
   RETRACE_FAIL(invalid_argument, "unknown binary op");
 }

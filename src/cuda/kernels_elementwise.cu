@@ -353,6 +353,15 @@ cudaError_t with_binary_op(BinaryOp op, F&& f) {
     case BinaryOp::pow:
       f(std::integral_constant<BinaryOp, BinaryOp::pow>{});
       break;
+    case BinaryOp::floor_divide:
+      f(std::integral_constant<BinaryOp, BinaryOp::floor_divide>{});
+      break;
+    case BinaryOp::fmod:
+      f(std::integral_constant<BinaryOp, BinaryOp::fmod>{});
+      break;
+    case BinaryOp::remainder:
+      f(std::integral_constant<BinaryOp, BinaryOp::remainder>{});
+      break;
   }
   return cudaGetLastError();
 }

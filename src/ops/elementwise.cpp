@@ -141,6 +141,9 @@ RETRACE_DEFINE_BINARY(div)
 RETRACE_DEFINE_BINARY(maximum)
 RETRACE_DEFINE_BINARY(minimum)
 RETRACE_DEFINE_BINARY(pow)
+RETRACE_DEFINE_BINARY(floor_divide)
+RETRACE_DEFINE_BINARY(fmod)
+RETRACE_DEFINE_BINARY(remainder)
 #undef RETRACE_DEFINE_BINARY
 
 // true_divide: operands promoted as torch.true_divide does, then div.
