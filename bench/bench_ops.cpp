@@ -2,11 +2,12 @@
 //
 //  BM_Matmul/<impl>/<m>/<n>/<k>: GFLOP/s (counter `GFLOPs`) of
 //    impl 0 = retrace ops::matmul (a one-op trace replayed, so dispatch is excluded),
-//    impl 1 = OpenBLAS sgemm, 1 thread;  2 = OpenBLAS sgemm, 2 threads;  3 = Eigen, 1 thread.
-//    Shapes: a transformer block at hidden 256, sequence 32 (qkv, projection, MLP up/down), and
-//    squares n = 256 and 1024.
+//    impl 1 = OpenBLAS sgemm, 1 thread;  2 = OpenBLAS sgemm, 2 threads;  3 = Eigen, 1 thread;
+//    4 = oneDNN matmul, 1 thread (when built with oneDNN).
+//    Shapes: a transformer block at hidden 256, sequence 32 (qkv, projection, MLP up/down), the
+//    DiT bench's M size (256 tokens: qkv, MLP up/down), and squares n = 256 and 1024.
 //  BM_MatmulVsLibraries/<n>: the same, interleaved in one loop; `ratio` = retrace GFLOP/s over
-//    the better single-thread library (the acceptance figure at n = 256).
+//    the best single-thread library (the acceptance figure at n = 256).
 //  BM_BandwidthVsMemcpy/<op>: GB/s of add (reads 2 x 16 MiB, writes 16 MiB) or softmax (reads
 //    and writes 16 MiB) next to std::memcpy of 16 MiB, interleaved; `ratio` = op / memcpy.
 #include "cpu/isa.hpp"
@@ -69,8 +70,11 @@ struct MatmulSetup {
         openblas_set_num_threads(2);
         sgemm(m, n, k, ha.data(), hb.data(), hc.data(), cpu::GemmLibrary::openblas);
         break;
-      default:
+      case 3:
         sgemm(m, n, k, ha.data(), hb.data(), hc.data(), cpu::GemmLibrary::eigen);
+        break;
+      default:
+        sgemm(m, n, k, ha.data(), hb.data(), hc.data(), cpu::GemmLibrary::onednn);
         break;
     }
   }
@@ -93,9 +97,11 @@ void BM_Matmul(benchmark::State& state) {
 void BM_MatmulVsLibraries(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   MatmulSetup s(n, n, n);
-  std::vector<double> t[4];
+  std::vector<double> t[5];
+  std::vector<int> impls = {1, 3, 0};
+  if (RETRACE_HAVE_ONEDNN) impls.push_back(4);
   for (auto _ : state) {
-    for (int impl : {1, 3, 0}) {
+    for (int impl : impls) {
       if (impl == 0) openblas_set_num_threads(default_openblas_threads());
       const auto t0 = Clock::now();
       s.run(impl);
@@ -109,7 +115,13 @@ void BM_MatmulVsLibraries(benchmark::State& state) {
   state.counters["retrace_GFLOPs"] = ours;
   state.counters["openblas1_GFLOPs"] = blas;
   state.counters["eigen1_GFLOPs"] = eigen;
-  state.counters["ratio"] = ours / std::max(blas, eigen);
+  double best = std::max(blas, eigen);
+  if (RETRACE_HAVE_ONEDNN) {
+    const double onednn = s.flops() / median(t[4]) * 1e-9;
+    state.counters["onednn1_GFLOPs"] = onednn;
+    best = std::max(best, onednn);
+  }
+  state.counters["ratio"] = ours / best;
 }
 
 void BM_BandwidthVsMemcpy(benchmark::State& state) {
@@ -146,8 +158,9 @@ void BM_BandwidthVsMemcpy(benchmark::State& state) {
 void matmul_shapes(benchmark::internal::Benchmark* b) {
   const std::vector<std::vector<std::int64_t>> shapes = {
       {32, 768, 256}, {32, 256, 256}, {32, 1024, 256}, {32, 256, 1024},
+      {256, 768, 256}, {256, 1024, 256}, {256, 256, 1024},
       {256, 256, 256}, {1024, 1024, 1024}};
-  for (int impl = 0; impl < 4; ++impl) {
+  for (int impl = 0; impl < (RETRACE_HAVE_ONEDNN ? 5 : 4); ++impl) {
     for (const auto& s : shapes) b->Args({impl, s[0], s[1], s[2]});
   }
   b->ArgNames({"impl", "m", "n", "k"});

@@ -32,11 +32,13 @@ macro(retrace_cpu_variant_parts pair name_var march_var id_var)
 endmacro()
 
 # retrace_cpu_variants(<prefix> ENTRY <symbol> OUTPUT <var> SOURCES <src>...
-#                      [LIBRARIES <target>...] [INCLUDES <dir>...] [SYSTEM_INCLUDES <dir>...])
+#                      [LIBRARIES <target>...] [INCLUDES <dir>...] [SYSTEM_INCLUDES <dir>...]
+#                      [DEFINITIONS <name=value>...])
 # Sets <var> to the variants' objects, to add to a library's sources. The sources define the
 # entry as `extern "C"` RETRACE_CPU_VARIANT_ENTRY; RETRACE_CPU_VARIANT_NAME is the variant's name.
 function(retrace_cpu_variants prefix)
-  cmake_parse_arguments(ARG "" "ENTRY;OUTPUT" "SOURCES;LIBRARIES;INCLUDES;SYSTEM_INCLUDES" ${ARGN})
+  cmake_parse_arguments(ARG "" "ENTRY;OUTPUT" "SOURCES;LIBRARIES;INCLUDES;SYSTEM_INCLUDES;DEFINITIONS"
+                        ${ARGN})
   set(objects)
   foreach(pair IN LISTS RETRACE_CPU_VARIANTS)
     retrace_cpu_variant_parts("${pair}" name march id)
@@ -55,7 +57,7 @@ function(retrace_cpu_variants prefix)
       target_compile_options(${target} PRIVATE -march=${march})
     endif()
     target_compile_definitions(${target} PRIVATE RETRACE_CPU_VARIANT_ENTRY=${ARG_ENTRY}_${id}
-      "RETRACE_CPU_VARIANT_NAME=\"${name}\"")
+      "RETRACE_CPU_VARIANT_NAME=\"${name}\"" ${ARG_DEFINITIONS})
     set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
     retrace_warnings(${target})
     set(object ${CMAKE_CURRENT_BINARY_DIR}/${target}${CMAKE_CXX_OUTPUT_EXTENSION})

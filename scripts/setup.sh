@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
-  libfmt-dev libspdlog-dev libeigen3-dev libopenblas-dev
+  libfmt-dev libspdlog-dev libeigen3-dev libopenblas-dev libdnnl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3 python3-dev python3-venv
   libopenmpi-dev openmpi-bin
 )

@@ -15,6 +15,13 @@
 #endif
 #include <cblas.h>
 
+#if RETRACE_HAVE_ONEDNN
+#include <omp.h>
+
+#include <dnnl.hpp>
+#include <unordered_map>
+#endif
+
 namespace retrace::cpu {
 
 namespace {
@@ -34,14 +41,106 @@ void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   else if (!ta && tb) out.noalias() += alpha * a_map * b_map.transpose();
   else out.noalias() += alpha * a_map.transpose() * b_map.transpose();
 }
+#if RETRACE_HAVE_ONEDNN
+// oneDNN's matmul (its brgemm kernels): 15-25 % faster than Eigen and OpenBLAS single-threaded
+// at the transformer's shapes on AVX-512 machines (bench/bench_ops.cpp). A primitive is made
+// once per shape and thread (creating one costs tens of microseconds) and reused with new
+// pointers; each call runs on the calling thread (oneDNN's OpenMP team is held to one thread for
+// the call), so a product is summed in the same order whatever the kernel threads.
+struct OnednnKey {
+  std::int64_t m, n, k, lda, ldb, ldc;
+  bool ta, tb, accumulate;
+  float alpha;
+  bool operator==(const OnednnKey&) const = default;
+};
+struct OnednnKeyHash {
+  std::size_t operator()(const OnednnKey& key) const noexcept {
+    std::size_t h = 0;
+    for (std::int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
+      h = h * 1000003u ^ static_cast<std::size_t>(v);
+    }
+    return h * 31u + (key.ta ? 1u : 0u) + (key.tb ? 2u : 0u) + (key.accumulate ? 4u : 0u);
+  }
+};
+struct OnednnGemm {
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c;
+};
+
+const dnnl::engine& onednn_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+OnednnGemm make_onednn_gemm(const OnednnKey& key) {
+  using dnnl::memory;
+  const dnnl::engine& engine = onednn_engine();
+  const auto f32 = memory::data_type::f32;
+  // Row-major operands with leading dimensions; a transposed operand is its strides swapped.
+  const memory::desc a_desc({key.m, key.k}, f32,
+                            key.ta ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
+  const memory::desc b_desc({key.k, key.n}, f32,
+                            key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+  const memory::desc c_desc({key.m, key.n}, f32, memory::dims{key.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.accumulate) {
+    dnnl::post_ops post;
+    post.append_sum(1.0f);
+    attr.set_post_ops(post);
+  }
+  const dnnl::matmul::primitive_desc desc(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr,
+                                          engine);
+  return {dnnl::matmul(desc), memory(a_desc, engine, DNNL_MEMORY_NONE),
+          memory(b_desc, engine, DNNL_MEMORY_NONE), memory(c_desc, engine, DNNL_MEMORY_NONE)};
+}
+
+// Whether oneDNN's kernels are the faster choice on this CPU (measured on AVX-512 only; other
+// CPUs keep Eigen and OpenBLAS). RETRACE_NO_ONEDNN=1 in the environment turns them off (to
+// compare).
+bool onednn_preferred() {
+  static const bool preferred = [] {
+    return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core &&
+           std::getenv("RETRACE_NO_ONEDNN") == nullptr;
+  }();
+  return preferred;
+}
+
+void onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                 float* c, std::int64_t ldc) {
+  thread_local std::unordered_map<OnednnKey, OnednnGemm, OnednnKeyHash> cache;
+  thread_local dnnl::stream stream(onednn_engine());
+  if (beta == 0.0f || beta == 1.0f) {
+    const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, beta == 1.0f, alpha};
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, make_onednn_gemm(key)).first;
+    OnednnGemm& g = it->second;
+    g.a.set_data_handle(const_cast<float*>(a));
+    g.b.set_data_handle(const_cast<float*>(b));
+    g.c.set_data_handle(c);
+    const int previous_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    g.primitive.execute(stream,
+                        {{DNNL_ARG_SRC, g.a}, {DNNL_ARG_WEIGHTS, g.b}, {DNNL_ARG_DST, g.c}});
+    omp_set_num_threads(previous_threads);
+    return;
+  }
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
+  }
+  onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 1.0f, c, ldc);
+}
+#endif
+
 }  // namespace
 
 GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
   // Measured on the 2-core build machines (bench/bench_ops.cpp): single-threaded, Eigen beats
   // OpenBLAS on thin shapes (32 rows: 77-80 vs 65-70 GFLOP/s) but OpenBLAS on two threads beats
   // both from about a million multiply-adds up (32x256x256: 124 GFLOP/s). Below that the
-  // hand-off to the second core does not pay: Eigen.
-  return m * n * k < (std::int64_t{1} << 20) ? GemmLibrary::eigen : GemmLibrary::openblas;
+  // hand-off to the second core does not pay: one thread.
+  return m * n * k < (std::int64_t{1} << 20) ? GemmLibrary::this_thread : GemmLibrary::automatic;
 }
 
 namespace {
@@ -54,26 +153,40 @@ void openblas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-// OpenBLAS on the kernel threads: single-threaded OpenBLAS calls on disjoint blocks of rows of C
-// (of columns for a single row). OpenBLAS's own threads are not used: after a call they spin
-// for a while, and on a machine with as many kernel threads as cores a spinning OpenBLAS thread
-// took a core from the next op's parallel loop (an attention ran at half speed about every
-// other run). Each element of C is summed over k in the same order whatever the split, so the
-// result does not depend on the number of threads.
-void split_openblas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                         float alpha, const float* a, const float* b, float beta, float* c) {
+// One block of a split product on the calling thread: oneDNN where it is the faster library,
+// else OpenBLAS held to one thread.
+void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                float* c, std::int64_t ldc) {
+#if RETRACE_HAVE_ONEDNN
+  if (onednn_preferred()) {
+    onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#endif
+  openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// A large product on the kernel threads: single-threaded library calls on disjoint blocks of
+// rows of C (of columns for a single row). OpenBLAS's own threads are not used: after a call
+// they spin for a while, and on a machine with as many kernel threads as cores a spinning
+// OpenBLAS thread took a core from the next op's parallel loop (an attention ran at half speed
+// about every other run). Each element of C is summed over k in the same order whatever the
+// split, so the result does not depend on the number of threads.
+void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                const float* a, const float* b, float beta, float* c) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
   constexpr std::int64_t kMinRows = 8, kMinColumns = 64;
   if (m >= 2 * kMinRows || n < 2 * kMinColumns) {
     parallel_for(m, kMinRows, [&](std::int64_t begin, std::int64_t end) {
-      openblas_gemm(ta, tb, end - begin, n, k, alpha, ta ? a + begin : a + begin * k, lda, b,
-                    ldb, beta, c + begin * n, n);
+      block_gemm(ta, tb, end - begin, n, k, alpha, ta ? a + begin : a + begin * k, lda, b, ldb,
+                 beta, c + begin * n, n);
     });
   } else {
     parallel_for(n, kMinColumns, [&](std::int64_t begin, std::int64_t end) {
-      openblas_gemm(ta, tb, m, end - begin, k, alpha, a, lda, tb ? b + begin * k : b + begin,
-                    ldb, beta, c + begin, n);
+      block_gemm(ta, tb, m, end - begin, k, alpha, a, lda, tb ? b + begin * k : b + begin, ldb,
+                 beta, c + begin, n);
     });
   }
 }
@@ -82,22 +195,43 @@ void split_openblas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, const float* b, float beta, float* c, GemmLibrary library) {
-  // A device whose kernels keep to one thread: Eigen, single-threaded at every size (OpenBLAS
+  // A device whose kernels keep to one thread: the calling thread at every size (OpenBLAS
   // would hand the product to its own threads, which concurrent callers contend for).
   if (library == GemmLibrary::automatic) {
-    library = serial_kernels() ? GemmLibrary::eigen : gemm_choice(m, n, k);
-    if (library == GemmLibrary::openblas) {
-      split_openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+    library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
+    if (library == GemmLibrary::automatic) {
+      split_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
       return;
     }
   }
-  if (library == GemmLibrary::eigen) {
-    eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
-    return;
+  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  switch (library) {
+    case GemmLibrary::this_thread:
+#if RETRACE_HAVE_ONEDNN
+      // Below ~32k multiply-adds Eigen's inlined product beats a library call.
+      if (onednn_preferred() && m * n * k >= (std::int64_t{1} << 15)) {
+        onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
+        return;
+      }
+#endif
+      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+      return;
+    case GemmLibrary::eigen:
+      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+      return;
+    case GemmLibrary::onednn:
+#if RETRACE_HAVE_ONEDNN
+      onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
+      return;
+#else
+      break;  // not built: OpenBLAS below (onednn_built() tells callers)
+#endif
+    case GemmLibrary::openblas:
+    case GemmLibrary::automatic:
+      break;
   }
   // OpenBLAS as the process has it configured (its own threads): what benchmarks compare with.
-  openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c,
-                n);
+  openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
 }
 
 }  // namespace retrace::cpu

@@ -1,15 +1,20 @@
-// Single-precision GEMM on the CPU, through Eigen or OpenBLAS, chosen by shape as measured in
-// bench/bench_ops.cpp (Eigen single-threaded for small products; from about a million
-// multiply-adds up, single-threaded OpenBLAS calls on blocks of C split over the kernel threads).
+// Single-precision GEMM on the CPU, through Eigen, OpenBLAS or oneDNN, chosen by shape and CPU as
+// measured in bench/bench_ops.cpp: small products on the calling thread (Eigen; oneDNN from ~32k
+// multiply-adds on AVX-512 CPUs when built with it); from about a million multiply-adds up,
+// single-threaded library calls (oneDNN on AVX-512, else OpenBLAS) on blocks of C split over the
+// kernel threads.
 #pragma once
 
 #include <cstdint>
 
 namespace retrace::cpu {
 
-// automatic: by shape (see above). eigen: Eigen on the calling thread. openblas: one OpenBLAS
-// call with the threads OpenBLAS is configured for (for benchmarks that compare libraries).
-enum class GemmLibrary : std::uint8_t { automatic, eigen, openblas };
+// automatic: by shape (see above). this_thread: the faster single-threaded library on the calling
+// thread (for callers already inside a parallel loop). eigen: Eigen on the calling thread.
+// openblas: one OpenBLAS call with the threads OpenBLAS is configured for; onednn: one oneDNN
+// call on the calling thread (OpenBLAS when built without oneDNN) - for benchmarks that
+// compare libraries.
+enum class GemmLibrary : std::uint8_t { automatic, this_thread, eigen, openblas, onednn };
 
 // C[m, n] = alpha * op(A) * op(B) + beta * C, row-major. op(A) is A[m, k] or, transposed,
 // stored as [k, m]; likewise B[k, n] or [n, k].
@@ -17,7 +22,8 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
            const float* a, const float* b, float beta, float* c,
            GemmLibrary library = GemmLibrary::automatic);
 
-// Which library `automatic` picks for a shape.
+// What `automatic` does with a shape: this_thread, or automatic for a product split over the
+// kernel threads.
 [[nodiscard]] GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 
 }  // namespace retrace::cpu

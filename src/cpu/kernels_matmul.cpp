@@ -64,18 +64,23 @@ void matmul_kernel(const std::byte* raw) {
     float beta = 0.0f;
     if (p.bias != nullptr) {
       const T* bias = static_cast<const T*>(p.bias);
-      for (std::int64_t r = 0; r < p.m; ++r) {
-        for (std::int64_t j = 0; j < p.n; ++j) c[r * p.n + j] = Elem<T>::load(bias, j);
-      }
+      parallel_for(p.m, rows_per_task(p.n, std::int64_t{1} << 15),
+                   [&](std::int64_t begin, std::int64_t end) {
+                     for (std::int64_t r = begin; r < end; ++r) {
+                       for (std::int64_t j = 0; j < p.n; ++j) {
+                         c[r * p.n + j] = Elem<T>::load(bias, j);
+                       }
+                     }
+                   });
       beta = 1.0f;
     }
     sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, beta, c, library);
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
   };
-  if (batches > 1 && gemm_choice(p.m, p.n, p.k) == GemmLibrary::eigen) {
+  if (batches > 1 && gemm_choice(p.m, p.n, p.k) == GemmLibrary::this_thread) {
     // Many small products: one per core, each single-threaded.
     parallel_for(batches, 1, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) one(i, GemmLibrary::eigen);
+      for (std::int64_t i = begin; i < end; ++i) one(i, GemmLibrary::this_thread);
     });
   } else {
     for (std::int64_t i = 0; i < batches; ++i) one(i, GemmLibrary::automatic);
@@ -111,7 +116,7 @@ void attention_kernel(const std::byte* raw) {
       const float* q = as_float(static_cast<const T*>(p.q) + bh * q_size + r0 * p.d,
                                 rows * p.d, 0);
       float* s = scratch(2, rows * cols);
-      sgemm(false, true, rows, cols, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::eigen);
+      sgemm(false, true, rows, cols, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::this_thread);
       const T* mask = p.mask == nullptr
                           ? nullptr
                           : static_cast<const T*>(p.mask) + b * p.mask_batch_stride +
@@ -134,7 +139,7 @@ void attention_kernel(const std::byte* raw) {
       T* out = static_cast<T*>(p.out) + (bh * p.sq + r0) * p.dv;
       float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out)
                                           : scratch(3, rows * p.dv);
-      sgemm(false, false, rows, p.dv, cols, 1.0f, s, v, 0.0f, o, GemmLibrary::eigen);
+      sgemm(false, false, rows, p.dv, cols, 1.0f, s, v, 0.0f, o, GemmLibrary::this_thread);
       if constexpr (!std::is_same_v<T, float>) store_from_float(o, out, rows * p.dv);
     }
   });
