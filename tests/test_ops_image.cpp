@@ -1,4 +1,4 @@
-// pad, interpolate (nearest, nearest-exact, bilinear) and conv2d against float64 references computed here (direct loops),
+// pad, interpolate (nearest, nearest-exact, bilinear, bicubic) and conv2d against float64 references computed here (direct loops),
 // in float32 and bfloat16, with strides, padding, dilation, groups (depthwise included), 1x1
 // kernels, empty batches and size-1 extents; traced == eager bit for bit; errors.
 #include "support.hpp"
@@ -283,12 +283,101 @@ TEST_F(OpImageTest, InterpolateBilinearMatchesAFloat64Reference) {
   }
 }
 
+// The four taps (clamped to the edges) and Keys' weights (A = -0.75) of torch's bicubic for
+// output i, in float64 from torch's float32 source position.
+struct CubicTaps {
+  std::int64_t index[4];
+  double weight[4];
+};
+CubicTaps torch_cubic(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
+  CubicTaps taps{};
+  if (in == out) {
+    taps.index[0] = taps.index[1] = taps.index[2] = taps.index[3] = i;
+    taps.weight[1] = 1.0;
+    return taps;
+  }
+  const float scale = torch_scale(in, out, aligned);
+  const float src = aligned ? scale * static_cast<float>(i)
+                            : static_cast<float>(static_cast<double>(scale) *
+                                                     (static_cast<double>(i) + 0.5) -
+                                                 0.5);  // not clamped at 0
+  const double whole = std::floor(static_cast<double>(src)), t = src - whole;
+  constexpr double A = -0.75;
+  auto near = [](double x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };
+  auto far = [](double x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };
+  const double w[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+  for (int j = 0; j < 4; ++j) {
+    taps.index[j] = std::clamp(static_cast<std::int64_t>(whole) - 1 + j, std::int64_t{0}, in - 1);
+    taps.weight[j] = w[j];
+  }
+  return taps;
+}
+
+TEST_F(OpImageTest, InterpolateBicubicMatchesAFloat64Reference) {
+  std::uint64_t salt = 700;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    for (bool aligned : {false, true}) {
+      for (const auto& [ih, iw, oh, ow] : std::vector<std::array<std::int64_t, 4>>{
+               {2, 2, 4, 4}, {3, 5, 7, 4}, {8, 8, 16, 16}, {9, 6, 4, 3}, {1, 4, 3, 9},
+               {5, 1, 5, 6}, {4, 4, 1, 7}, {13, 11, 32, 29}, {32, 32, 17, 45}}) {
+        const std::int64_t n = 2, c = 2;
+        const auto v = testing::random_floats(static_cast<std::size_t>(n * c * ih * iw), ++salt);
+        const std::vector<double> x = stored(v, dtype);
+        const Tensor a = device_tensor(device(), v, {n, c, ih, iw}, dtype);
+        const Tensor y = ops::interpolate(a, oh, ow, {ops::InterpolateMode::bicubic, aligned});
+        ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
+        ASSERT_EQ(y.dtype(), dtype);
+        const std::vector<double> got = y.to_vector<double>();
+        // float32: the rounding of ~10 products and sums of terms up to ~1.3x the input's range
+        // (the cubic's negative lobes overshoot), as torch's own float32 result differs.
+        const double tol = dtype == DType::float32    ? 2e-6
+                           : dtype == DType::bfloat16 ? 1e-2
+                                                      : 2e-3;
+        for (std::int64_t m = 0; m < n * c; ++m) {
+          for (std::int64_t i = 0; i < oh; ++i) {
+            const CubicTaps h = torch_cubic(ih, oh, i, aligned);
+            for (std::int64_t j = 0; j < ow; ++j) {
+              const CubicTaps w = torch_cubic(iw, ow, j, aligned);
+              double want = 0;
+              for (int r = 0; r < 4; ++r) {
+                double row = 0;
+                for (int q = 0; q < 4; ++q) {
+                  row += w.weight[q] *
+                         x[static_cast<std::size_t>((m * ih + h.index[r]) * iw + w.index[q])];
+                }
+                want += h.weight[r] * row;
+              }
+              ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)], want, tol)
+                  << dtype_name(dtype) << " aligned " << aligned << " " << ih << "x" << iw
+                  << " -> " << oh << "x" << ow << " at " << m << "," << i << "," << j;
+            }
+          }
+        }
+      }
+    }
+  }
+  // A constant image stays constant within rounding (the weights sum to 1); align_corners with
+  // nearest is refused.
+  const Tensor ones = ops::full({1, 1, 3, 4}, 2.5, device());
+  for (float v : ops::interpolate(ones, 7, 5, {ops::InterpolateMode::bicubic}).to_vector<float>()) {
+    EXPECT_NEAR(v, 2.5f, 4e-6f);
+  }
+  EXPECT_RETRACE_ERROR(
+      (void)ops::interpolate(ones, 2, 2, {ops::InterpolateMode::nearest, true}), invalid_argument,
+      "interpolate: align_corners applies to modes bilinear and bicubic, not nearest");
+  EXPECT_RETRACE_ERROR((void)ops::interpolate(ops::full({1, 2, 2}, 1.0, device(), DType::int32), 3,
+                                              3, {ops::InterpolateMode::bicubic}),
+                       invalid_argument, "interpolate");
+}
+
 TEST_F(OpImageTest, InterpolateTracedEqualsEagerBitForBit) {
   using M = ops::InterpolateMode;
   auto f = [&](const Tensor& x) {
     const Tensor a = ops::interpolate(x, 11, 7, {M::bilinear});
     const Tensor b = ops::interpolate(a, 5, 9, {M::bilinear, true});
-    return ops::add(ops::interpolate(b, 3, 4), ops::interpolate(b, 3, 4, {M::nearest_exact}));
+    const Tensor c = ops::add(ops::interpolate(b, 3, 4), ops::interpolate(b, 3, 4, {M::nearest_exact}));
+    return ops::add(ops::interpolate(c, 6, 6, {M::bicubic}),
+                    ops::interpolate(c, 6, 6, {M::bicubic, true}));
   };
   testing::expect_traced_equals_eager(device(), f, Shape{2, 3, 6, 5}, 40);
 }
@@ -331,7 +420,7 @@ TEST_F(OpImageTest, BadInputIsRefusedWithTheOpsName) {
   expect_error([&] { (void)ops::interpolate_nearest(x, -1, 5); }, E,
                "interpolate_nearest: output height is -1");
   expect_error([&] { (void)ops::interpolate(x, 7, 5, {ops::InterpolateMode::nearest, true}); }, E,
-               "interpolate: align_corners applies to mode bilinear, not nearest");
+               "interpolate: align_corners applies to modes bilinear and bicubic, not nearest");
   expect_error([&] { (void)ops::interpolate(ops::full({1, 1, 2, 2}, 1.0, device(), DType::int32),
                                             3, 3, {ops::InterpolateMode::bilinear}); },
                E, "interpolate");

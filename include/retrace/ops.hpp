@@ -341,8 +341,12 @@ enum class Causal : bool { no = false, yes = true };
 //   bilinear       two-tap linear interpolation along W then H; align_corners as torch's
 //                  (false: half-pixel centres, sources clamped at 0; true: the corner samples
 //                  line up). float32, bfloat16, float16 (computed in float32, rounded once).
+//   bicubic        four-tap cubic convolution (Keys, A = -0.75) along W then H, taps clamped
+//                  to the edges, align_corners as bilinear (positions not clamped at 0), as
+//                  torch's bicubic (no antialiasing); overshoots the input's range as torch's
+//                  does. Dtypes as bilinear.
 // An unchanged extent is copied as it is. align_corners with a nearest mode is invalid_argument.
-enum class InterpolateMode { nearest, nearest_exact, bilinear };
+enum class InterpolateMode { nearest, nearest_exact, bilinear, bicubic };
 struct InterpolateOptions {
   InterpolateMode mode = InterpolateMode::nearest;
   bool align_corners = false;

@@ -321,8 +321,12 @@ def test_interpolate_bilinear_and_nearest_match_numpy(device, size, align_corner
     wi = np.minimum(np.floor(np.arange(ow, dtype=np.float32) * (np.float32(6) / np.float32(ow))),
                     5).astype(np.int64)
     np.testing.assert_array_equal(ops.interpolate(xt, size).numpy(), x[:, :, hi][:, :, :, wi])
-    with pytest.raises(retrace.InvalidArgument, match="interpolate: mode 'bicubic'"):
-        ops.interpolate(xt, size, mode="bicubic")
+    cubic = ops.interpolate(xt, size, mode="bicubic", align_corners=align_corners).numpy()
+    assert cubic.shape == (2, 3, oh, ow) and np.isfinite(cubic).all()
+    flat = retrace.from_numpy(np.full((1, 1, 4, 6), 1.5, np.float32), device=device)
+    np.testing.assert_allclose(ops.interpolate(flat, size, mode="bicubic").numpy(), 1.5, atol=4e-6)
+    with pytest.raises(retrace.InvalidArgument, match="interpolate: mode 'area'"):
+        ops.interpolate(xt, size, mode="area")
 
 
 def test_argmax_and_boolean_attention_masks(device):

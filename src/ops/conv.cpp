@@ -80,21 +80,27 @@ namespace {
 struct AxisMap {
   std::int64_t in = 0, out = 0;
   float scale = 0.0f;   // torch's area_pixel scale: in / out, or (in - 1) / (out - 1) aligned
-  float offset = 0.0f;  // 0.5: pixel centres (nearest-exact, bilinear without align_corners)
-  float shift = 0.0f;   // 0.5 for bilinear without align_corners (positions clamped at 0)
+  float offset = 0.0f;  // 0.5: pixel centres (nearest-exact; bilinear, bicubic unaligned)
+  float shift = 0.0f;   // 0.5 for bilinear and bicubic without align_corners
+  bool clamp_at_zero = false;  // bilinear's positions stop at 0 (bicubic's go below)
 };
+
+bool is_linear_or_cubic(InterpolateMode mode) {
+  return mode == InterpolateMode::bilinear || mode == InterpolateMode::bicubic;
+}
 
 AxisMap axis_map(std::int64_t in, std::int64_t out, const InterpolateOptions& o) {
   AxisMap m{in, out};
-  const bool bilinear = o.mode == InterpolateMode::bilinear;
-  if (bilinear && o.align_corners) {
+  const bool weighted = is_linear_or_cubic(o.mode);
+  if (weighted && o.align_corners) {
     m.scale = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
   } else {
     m.scale = static_cast<float>(in) / static_cast<float>(out);
   }
-  const bool centres = o.mode == InterpolateMode::nearest_exact || (bilinear && !o.align_corners);
+  const bool centres = o.mode == InterpolateMode::nearest_exact || (weighted && !o.align_corners);
   m.offset = centres ? 0.5f : 0.0f;
-  m.shift = bilinear && !o.align_corners ? 0.5f : 0.0f;
+  m.shift = weighted && !o.align_corners ? 0.5f : 0.0f;
+  m.clamp_at_zero = o.mode == InterpolateMode::bilinear && !o.align_corners;
   return m;
 }
 
@@ -116,7 +122,7 @@ Tensor source_positions(const AxisMap& m, Device& device, QueueId queue) {
   Tensor at = scale == 0.0 ? full({m.out}, start, device, DType::float32, Layout::row_major, queue)
                            : arange(start, start + (static_cast<double>(m.out) - 0.5) * scale,
                                     scale, device, DType::float32, queue);
-  return m.shift != 0.0f ? maximum(at, 0.0, queue) : at;
+  return m.clamp_at_zero ? maximum(at, 0.0, queue) : at;
 }
 
 Tensor floor_index(const Tensor& positions, std::int64_t in, QueueId queue) {
@@ -129,6 +135,7 @@ const char* mode_name(InterpolateMode mode) {
     case InterpolateMode::nearest: return "nearest";
     case InterpolateMode::nearest_exact: return "nearest-exact";
     case InterpolateMode::bilinear: return "bilinear";
+    case InterpolateMode::bicubic: return "bicubic";
   }
   return "?";
 }
@@ -188,6 +195,45 @@ Tensor resize_linear(const Tensor& a, int dim, const AxisMap& m, QueueId queue) 
              mul(index_select(a, dim, i1, queue), lambda1, queue), queue);
 }
 
+// Keys' cubic convolution weights with A = -0.75, as torch's bicubic: for |x| <= 1,
+// ((A + 2) x - (A + 3)) x x + 1; for 1 < |x| < 2, ((A x - 5 A) x + 8 A) x - 4 A.
+constexpr double kCubicA = -0.75;
+Tensor cubic_near(const Tensor& x, QueueId queue) {
+  return add(mul(mul(sub(mul(x, kCubicA + 2, queue), kCubicA + 3, queue), x, queue), x, queue),
+             1.0, queue);
+}
+Tensor cubic_far(const Tensor& x, QueueId queue) {
+  return sub(mul(add(mul(sub(mul(x, kCubicA, queue), 5 * kCubicA, queue), x, queue),
+                     8 * kCubicA, queue),
+                 x, queue),
+             4 * kCubicA, queue);
+}
+
+// Bicubic resizing of dimension `dim` of a float32 tensor: four taps at floor(position) - 1 ..
+// + 2 (clamped to the edges), weighted as torch weighs them (t = position - floor(position);
+// the weights of t + 1, t, 1 - t and (1 - t) + 1), summed in tap order.
+Tensor resize_cubic(const Tensor& a, int dim, const AxisMap& m, QueueId queue) {
+  Device& device = *a.device();
+  const Tensor positions = source_positions(m, device, queue);
+  const Tensor whole = floor(positions, queue);
+  const Tensor t = sub(positions, whole, queue);
+  const Tensor base = typecast(whole, DType::int32, queue);
+  const Tensor one_minus_t =
+      sub(full({m.out}, 1.0, device, DType::float32, Layout::row_major, queue), t, queue);
+  Tensor weights[4] = {cubic_far(add(t, 1.0, queue), queue), cubic_near(t, queue),
+                       cubic_near(one_minus_t, queue),
+                       cubic_far(add(one_minus_t, 1.0, queue), queue)};
+  Tensor sum;
+  for (int j = 0; j < 4; ++j) {
+    const Tensor index = minimum(maximum(add(base, static_cast<double>(j - 1), queue), 0.0, queue),
+                                 static_cast<double>(m.in - 1), queue);
+    if (dim == -2) weights[j] = reshape(weights[j], {m.out, 1});  // weights per row
+    const Tensor term = mul(index_select(a, dim, index, queue), weights[j], queue);
+    sum = j == 0 ? term : add(sum, term, queue);
+  }
+  return sum;
+}
+
 Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
               const InterpolateOptions& options, const char* op, QueueId queue) {
   device_of(a, op, "a");
@@ -197,11 +243,11 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   RETRACE_CHECK(rank >= 2, invalid_argument,
                 "{}: a has rank {}; it resizes the last two dimensions [..., H, W]", op,
                 rank);
-  const bool bilinear = options.mode == InterpolateMode::bilinear;
-  RETRACE_CHECK(bilinear || !options.align_corners, invalid_argument,
-                "{}: align_corners applies to mode bilinear, not {}", op,
+  const bool weighted = is_linear_or_cubic(options.mode);
+  RETRACE_CHECK(weighted || !options.align_corners, invalid_argument,
+                "{}: align_corners applies to modes bilinear and bicubic, not {}", op,
                 mode_name(options.mode));
-  if (bilinear) check_dtype_in(a, op, "a", kFloatTypes);
+  if (weighted) check_dtype_in(a, op, "a", kFloatTypes);
   const auto dims = a.shape().dims();
   const std::int64_t in[2] = {dims[rank - 2], dims[rank - 1]}, out[2] = {out_h, out_w};
   for (int i = 0; i < 2; ++i) {
@@ -218,14 +264,18 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   out_dims[rank - 1] = out_w;
   const Shape out_shape = result_shape(out_dims, op);
   if (out_shape.numel() == 0) return empty_like(a, out_shape, op);
-  // Width first, then height (torch's order of the separable sums for bilinear).
-  const bool narrow = bilinear && a.dtype() != DType::float32;
+  // Width first, then height (torch's order of the separable sums).
+  const bool narrow = weighted && a.dtype() != DType::float32;
   Tensor x = narrow ? typecast(a, DType::float32, queue) : a;
   for (int i = 1; i >= 0; --i) {
     if (in[i] == out[i]) continue;  // torch copies an unchanged extent
     const AxisMap m = axis_map(in[i], out[i], options);
     const int dim = i == 0 ? -2 : -1;
-    x = bilinear ? resize_linear(x, dim, m, queue) : resize_nearest(x, dim, m, op, queue);
+    switch (options.mode) {
+      case InterpolateMode::bilinear: x = resize_linear(x, dim, m, queue); break;
+      case InterpolateMode::bicubic: x = resize_cubic(x, dim, m, queue); break;
+      default: x = resize_nearest(x, dim, m, op, queue); break;
+    }
   }
   if (narrow) return typecast(x, a.dtype(), queue);
   return x.buffer() == a.buffer() ? a.clone(queue) : x;
