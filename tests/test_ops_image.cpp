@@ -1,4 +1,4 @@
-// pad, interpolate (nearest, nearest-exact, bilinear, bicubic) and conv2d against float64 references computed here (direct loops),
+// pad, interpolate (nearest, nearest-exact, bilinear, bicubic, area) and conv2d against float64 references computed here (direct loops),
 // in float32 and bfloat16, with strides, padding, dilation, groups (depthwise included), 1x1
 // kernels, empty batches and size-1 extents; traced == eager bit for bit; errors.
 #include "support.hpp"
@@ -370,14 +370,61 @@ TEST_F(OpImageTest, InterpolateBicubicMatchesAFloat64Reference) {
                        invalid_argument, "interpolate");
 }
 
+TEST_F(OpImageTest, InterpolateAreaAveragesTorchsWindows) {
+  std::uint64_t salt = 900;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    for (const auto& [ih, iw, oh, ow] : std::vector<std::array<std::int64_t, 4>>{
+             {4, 4, 2, 2}, {7, 5, 3, 2}, {5, 7, 5, 3}, {3, 3, 7, 5}, {1, 6, 4, 4}, {9, 10, 1, 1},
+             {13, 17, 6, 7}, {32, 24, 9, 24}}) {
+      const std::int64_t n = 2, c = 2;
+      const auto v = testing::random_floats(static_cast<std::size_t>(n * c * ih * iw), ++salt);
+      const std::vector<double> x = stored(v, dtype);
+      const Tensor a = device_tensor(device(), v, {n, c, ih, iw}, dtype);
+      const Tensor y = ops::interpolate(a, oh, ow, {ops::InterpolateMode::area});
+      ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<double> got = y.to_vector<double>();
+      const double tol = dtype == DType::float32    ? 4e-7
+                         : dtype == DType::bfloat16 ? 8e-3
+                                                    : 1e-3;
+      for (std::int64_t m = 0; m < n * c; ++m) {
+        for (std::int64_t i = 0; i < oh; ++i) {
+          const std::int64_t h0 = i * ih / oh, h1 = ((i + 1) * ih + oh - 1) / oh;
+          for (std::int64_t j = 0; j < ow; ++j) {
+            const std::int64_t w0 = j * iw / ow, w1 = ((j + 1) * iw + ow - 1) / ow;
+            double sum = 0;
+            for (std::int64_t r = h0; r < h1; ++r) {
+              for (std::int64_t q = w0; q < w1; ++q) {
+                sum += x[static_cast<std::size_t>((m * ih + r) * iw + q)];
+              }
+            }
+            ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)],
+                        sum / static_cast<double>((h1 - h0) * (w1 - w0)), tol)
+                << dtype_name(dtype) << " " << ih << "x" << iw << " -> " << oh << "x" << ow
+                << " at " << m << "," << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+  // An infinity stays in its own windows (no inf * 0 elsewhere); align_corners is refused.
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor b = device_tensor(device(), {inf, 1, 2, 3, 4, 5}, {1, 1, 1, 6});
+  EXPECT_EQ(ops::interpolate(b, 1, 3, {ops::InterpolateMode::area}).to_vector<float>(),
+            (std::vector<float>{inf, 2.5f, 4.5f}));
+  EXPECT_RETRACE_ERROR((void)ops::interpolate(b, 1, 3, {ops::InterpolateMode::area, true}),
+                       invalid_argument, "align_corners applies to modes bilinear and bicubic");
+}
+
 TEST_F(OpImageTest, InterpolateTracedEqualsEagerBitForBit) {
   using M = ops::InterpolateMode;
   auto f = [&](const Tensor& x) {
     const Tensor a = ops::interpolate(x, 11, 7, {M::bilinear});
     const Tensor b = ops::interpolate(a, 5, 9, {M::bilinear, true});
     const Tensor c = ops::add(ops::interpolate(b, 3, 4), ops::interpolate(b, 3, 4, {M::nearest_exact}));
-    return ops::add(ops::interpolate(c, 6, 6, {M::bicubic}),
-                    ops::interpolate(c, 6, 6, {M::bicubic, true}));
+    return ops::add(ops::add(ops::interpolate(c, 6, 6, {M::bicubic}),
+                             ops::interpolate(c, 6, 6, {M::bicubic, true})),
+                    ops::interpolate(x, 6, 6, {M::area}));
   };
   testing::expect_traced_equals_eager(device(), f, Shape{2, 3, 6, 5}, 40);
 }

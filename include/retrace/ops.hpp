@@ -345,8 +345,11 @@ enum class Causal : bool { no = false, yes = true };
 //                  to the edges, align_corners as bilinear (positions not clamped at 0), as
 //                  torch's bicubic (no antialiasing); overshoots the input's range as torch's
 //                  does. Dtypes as bilinear.
-// An unchanged extent is copied as it is. align_corners with a nearest mode is invalid_argument.
-enum class InterpolateMode { nearest, nearest_exact, bilinear, bicubic };
+//   area           output i averages input [floor(i * in / out), ceil((i + 1) * in / out)),
+//                  as torch's mode="area" (adaptive average pooling); dtypes as bilinear.
+// An unchanged extent is copied as it is. align_corners with a nearest or area mode is
+// invalid_argument.
+enum class InterpolateMode { nearest, nearest_exact, bilinear, bicubic, area };
 struct InterpolateOptions {
   InterpolateMode mode = InterpolateMode::nearest;
   bool align_corners = false;

@@ -594,10 +594,11 @@ void bind_ops(nb::module_& m) {
         else if (mode == "nearest-exact") options.mode = ops::InterpolateMode::nearest_exact;
         else if (mode == "bilinear") options.mode = ops::InterpolateMode::bilinear;
         else if (mode == "bicubic") options.mode = ops::InterpolateMode::bicubic;
+        else if (mode == "area") options.mode = ops::InterpolateMode::area;
         else {
           RETRACE_FAIL(invalid_argument,
                        "interpolate: mode '{}' is not one of 'nearest', 'nearest-exact', "
-                       "'bilinear', 'bicubic'",
+                       "'bilinear', 'bicubic', 'area'",
                        mode);
         }
         return ops::interpolate(a, s[0], s[1], options, parse_queue(queue));
@@ -606,7 +607,7 @@ void bind_ops(nb::module_& m) {
       nb::arg("align_corners") = false, nb::kw_only(), nb::arg("queue") = nb::none(),
       "Resizing of the last two dimensions [..., H, W] to size = (out_h, out_w), as "
       "torch.nn.functional.interpolate(size=..., mode=...): mode 'nearest', 'nearest-exact', "
-      "'bilinear' or 'bicubic' (align_corners as torch's).");
+      "'bilinear', 'bicubic' (align_corners as torch's) or 'area'.");
   ops.def(
       "conv2d",
       [](const Tensor& x, const Tensor& weight, const Tensor* bias, nb::handle stride,

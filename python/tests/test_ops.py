@@ -325,8 +325,16 @@ def test_interpolate_bilinear_and_nearest_match_numpy(device, size, align_corner
     assert cubic.shape == (2, 3, oh, ow) and np.isfinite(cubic).all()
     flat = retrace.from_numpy(np.full((1, 1, 4, 6), 1.5, np.float32), device=device)
     np.testing.assert_allclose(ops.interpolate(flat, size, mode="bicubic").numpy(), 1.5, atol=4e-6)
-    with pytest.raises(retrace.InvalidArgument, match="interpolate: mode 'area'"):
-        ops.interpolate(xt, size, mode="area")
+    area = ops.interpolate(xt, size, mode="area").numpy()
+    h0 = (np.arange(oh) * 4) // oh
+    h1 = ((np.arange(oh) + 1) * 4 + oh - 1) // oh
+    w0 = (np.arange(ow) * 6) // ow
+    w1 = ((np.arange(ow) + 1) * 6 + ow - 1) // ow
+    want_area = np.array([[xd[:, :, h0[i]:h1[i], w0[j]:w1[j]].mean(axis=(2, 3)) for j in range(ow)]
+                          for i in range(oh)]).transpose(2, 3, 0, 1)
+    np.testing.assert_allclose(area, want_area, rtol=1e-6, atol=1e-6)
+    with pytest.raises(retrace.InvalidArgument, match="interpolate: mode 'lanczos'"):
+        ops.interpolate(xt, size, mode="lanczos")
 
 
 def test_argmax_and_boolean_attention_masks(device):

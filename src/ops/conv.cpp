@@ -136,6 +136,7 @@ const char* mode_name(InterpolateMode mode) {
     case InterpolateMode::nearest_exact: return "nearest-exact";
     case InterpolateMode::bilinear: return "bilinear";
     case InterpolateMode::bicubic: return "bicubic";
+    case InterpolateMode::area: return "area";
   }
   return "?";
 }
@@ -234,6 +235,60 @@ Tensor resize_cubic(const Tensor& a, int dim, const AxisMap& m, QueueId queue) {
   return sum;
 }
 
+// Area resizing of dimension `dim` of a float32 tensor, before the division: output i sums
+// input [floor(i * in / out), ceil((i + 1) * in / out)) (torch's adaptive average pooling
+// windows), in order, as a sum over the longest window's taps with the taps past a shorter
+// window's end replaced by 0 (so an infinity elsewhere in the row cannot make NaN). Returns the
+// sums; *count gets each window's length as float32 [out].
+Tensor area_sums(const Tensor& a, int dim, std::int64_t in, std::int64_t out, Tensor* count,
+                 QueueId queue) {
+  Device& device = *a.device();
+  const Tensor i = arange(0.0, static_cast<double>(out), 1.0, device, DType::int64, queue);
+  const auto in_d = static_cast<double>(in), out_d = static_cast<double>(out);
+  const Tensor start = floor_divide(mul(i, in_d, queue), out_d, queue);
+  const Tensor end = floor_divide(add(mul(add(i, 1.0, queue), in_d, queue), out_d - 1, queue),
+                                  out_d, queue);
+  *count = typecast(sub(end, start, queue), DType::float32, queue);
+  // The longest window: in / out taps when out divides in, else at most two more.
+  const std::int64_t taps = in % out == 0 ? in / out : std::min(in, in / out + 2);
+  const Tensor zero = full({1}, 0.0, device, DType::float32, Layout::row_major, queue);
+  Tensor sum;
+  for (std::int64_t j = 0; j < taps; ++j) {
+    const Tensor at = add(start, static_cast<double>(j), queue);
+    const Tensor index =
+        typecast(minimum(at, static_cast<double>(in - 1), queue), DType::int32, queue);
+    Tensor term = index_select(a, dim, index, queue);
+    if (j > 0) {  // the first tap is in every window
+      Tensor inside = lt(at, end, queue);
+      if (dim == -2) inside = reshape(inside, {out, 1});
+      term = where(inside, term, zero, queue);
+    }
+    sum = j == 0 ? term : add(sum, term, queue);
+  }
+  return sum;
+}
+
+// Area resizing of [..., H, W] (float32): window sums along W, then H, divided once by the
+// window's element count, as torch's adaptive_avg_pool2d (which sums each 2-D window in one
+// running sum: the order of the additions differs, within a rounding or two).
+Tensor resize_area(const Tensor& a, const std::int64_t in[2], const std::int64_t out[2],
+                   QueueId queue) {
+  Tensor x = a;
+  Tensor counts[2];
+  for (int i = 1; i >= 0; --i) {
+    if (in[i] == out[i]) continue;
+    x = area_sums(x, i == 0 ? -2 : -1, in[i], out[i], &counts[i], queue);
+  }
+  Tensor divisor;
+  if (counts[0].is_null()) {
+    divisor = counts[1];
+  } else {
+    divisor = reshape(counts[0], {out[0], 1});
+    if (!counts[1].is_null()) divisor = mul(divisor, counts[1], queue);
+  }
+  return div(x, divisor, queue);
+}
+
 Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
               const InterpolateOptions& options, const char* op, QueueId queue) {
   device_of(a, op, "a");
@@ -247,7 +302,8 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   RETRACE_CHECK(weighted || !options.align_corners, invalid_argument,
                 "{}: align_corners applies to modes bilinear and bicubic, not {}", op,
                 mode_name(options.mode));
-  if (weighted) check_dtype_in(a, op, "a", kFloatTypes);
+  const bool area = options.mode == InterpolateMode::area;
+  if (weighted || area) check_dtype_in(a, op, "a", kFloatTypes);
   const auto dims = a.shape().dims();
   const std::int64_t in[2] = {dims[rank - 2], dims[rank - 1]}, out[2] = {out_h, out_w};
   for (int i = 0; i < 2; ++i) {
@@ -265,8 +321,16 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   const Shape out_shape = result_shape(out_dims, op);
   if (out_shape.numel() == 0) return empty_like(a, out_shape, op);
   // Width first, then height (torch's order of the separable sums).
-  const bool narrow = weighted && a.dtype() != DType::float32;
+  const bool narrow = (weighted || area) && a.dtype() != DType::float32;
   Tensor x = narrow ? typecast(a, DType::float32, queue) : a;
+  if (area && (in[0] != out[0] || in[1] != out[1])) {
+    for (int i = 0; i < 2; ++i) {  // window bounds are computed as (i * in) // out in int64
+      RETRACE_CHECK(in[i] < (std::int64_t{1} << 62) / std::max<std::int64_t>(out[i], 1),
+                    invalid_argument, "{}: mode area: {} -> {} is too large", op, in[i], out[i]);
+    }
+    x = resize_area(x, in, out, queue);
+    return narrow ? typecast(x, a.dtype(), queue) : x;
+  }
   for (int i = 1; i >= 0; --i) {
     if (in[i] == out[i]) continue;  // torch copies an unchanged extent
     const AxisMap m = axis_map(in[i], out[i], options);
