@@ -114,7 +114,13 @@ void onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   if (beta == 0.0f || beta == 1.0f) {
     const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, beta == 1.0f, alpha};
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, make_onednn_gemm(key)).first;
+    if (it == cache.end()) {
+      // Bounded: a program whose shapes keep changing (a growing sequence) starts over rather
+      // than keeping every shape's compiled kernel.
+      constexpr std::size_t kMaxShapes = 256;
+      if (cache.size() >= kMaxShapes) cache.clear();
+      it = cache.emplace(key, make_onednn_gemm(key)).first;
+    }
     OnednnGemm& g = it->second;
     g.a.set_data_handle(const_cast<float*>(a));
     g.b.set_data_handle(const_cast<float*>(b));
