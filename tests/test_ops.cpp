@@ -352,6 +352,61 @@ TEST_P(OpsTest, ScaledDotProductAttention) {
   });
 }
 
+// Products large enough to take the CPU device's library paths (blocks of rows over the kernel
+// threads; oneDNN on AVX-512 CPUs when built with it; scaled and accumulating calls for
+// attention and biases), against float64.
+TEST_P(OpsTest, LargeProductsMatchFloat64) {
+  struct Case {
+    std::vector<std::int64_t> a, b;
+    bool ta, tb;
+  };
+  std::uint64_t salt = 700;
+  for (const Case& c : std::vector<Case>{{{130, 300}, {300, 140}, false, false},
+                                         {{300, 130}, {300, 140}, true, false},
+                                         {{130, 300}, {140, 300}, false, true},
+                                         {{3, 300}, {300, 900}, false, false}}) {
+    Tensor a = random(c.a, salt++), b = random(c.b, salt++);
+    expect_close(ops::matmul(a, b, c.ta ? ops::Transpose::yes : ops::Transpose::no,
+                             c.tb ? ops::Transpose::yes : ops::Transpose::no),
+                 reference_matmul(read(a), read(b), c.ta, c.tb), 20.0);
+  }
+  Tensor x = random({2, 70, 256}, 710), w = random({300, 256}, 711), bias = random({300}, 712);
+  Ref want = reference_matmul(read(x), read(w), false, true);
+  const Ref rbias = read(bias);
+  for (std::size_t i = 0; i < want.v.size(); ++i) want.v[i] += rbias.v[i % 300];
+  expect_close(ops::linear(x, w, bias), want, 20.0);
+  expect_replay_matches({x, w, bias}, [](const std::vector<Tensor>& in) {
+    return ops::linear(in[0], in[1], in[2]);
+  });
+  // Attention with 64-wide heads over 200 keys: per-block products of ~800k multiply-adds.
+  const std::int64_t H = 2, Sq = 130, Sk = 200, D = 64;
+  Tensor q = random({1, H, Sq, D}, 720), k = random({1, H, Sk, D}, 721), v = random({1, H, Sk, D}, 722);
+  const Ref rq = read(q), rk = read(k), rv = read(v);
+  Ref att{{1, H, Sq, D}, {}};
+  for (std::int64_t h = 0; h < H; ++h) {
+    for (std::int64_t i = 0; i < Sq; ++i) {
+      std::vector<double> sc(Sk);
+      double m = -1e300, z = 0;
+      for (std::int64_t j = 0; j < Sk; ++j) {
+        double acc = 0;
+        for (std::int64_t p = 0; p < D; ++p) acc += rq.v[(h * Sq + i) * D + p] * rk.v[(h * Sk + j) * D + p];
+        sc[j] = acc / 8.0;
+        m = std::max(m, sc[j]);
+      }
+      for (double& e : sc) z += (e = std::exp(e - m));
+      for (std::int64_t e = 0; e < D; ++e) {
+        double acc = 0;
+        for (std::int64_t j = 0; j < Sk; ++j) acc += sc[j] / z * rv.v[(h * Sk + j) * D + e];
+        att.v.push_back(acc);
+      }
+    }
+  }
+  expect_close(ops::scaled_dot_product_attention(q, k, v), att, 8.0);
+  expect_replay_matches({q, k, v}, [](const std::vector<Tensor>& in) {
+    return ops::scaled_dot_product_attention(in[0], in[1], in[2]);
+  });
+}
+
 TEST_P(OpsTest, ShapeOpsMoveDataExactly) {
   Tensor a = random({2, 3, 4, 5}, 120);
   const Ref ra = read(a);
