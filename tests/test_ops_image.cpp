@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <functional>
 #include <limits>
 #include <cmath>
 
@@ -25,6 +26,48 @@ std::vector<double> stored(const std::vector<float>& v, DType dtype) {
                                             : x);
   }
   return out;
+}
+
+// One resized size: [.., ih, iw] -> [.., oh, ow].
+struct ResizeSize {
+  std::int64_t ih, iw, oh, ow;
+};
+const std::vector<ResizeSize> kResizeSizes = {
+    {2, 2, 4, 4}, {3, 5, 7, 4}, {8, 8, 16, 16}, {9, 6, 4, 3}, {1, 4, 3, 9},
+    {5, 1, 5, 6}, {4, 4, 1, 7}, {13, 11, 32, 29}, {32, 32, 17, 45}};
+// The float64 value of output (plane, i, j) from the stored input x (planes of ih x iw).
+using ResizeReference = std::function<double(const std::vector<double>& x, const ResizeSize& s,
+                                             std::int64_t plane, std::int64_t i, std::int64_t j)>;
+
+// Resizes random [2, 2, ih, iw] inputs of every size in kResizeSizes and every float dtype with
+// `options` and checks each output against `want` within tolerance[float32, bfloat16, float16].
+void expect_resize_matches(Device& device, const ops::InterpolateOptions& options,
+                           const std::array<double, 3>& tolerance, std::uint64_t salt,
+                           const ResizeReference& want) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    const double tol = tolerance[dtype == DType::float32 ? 0 : dtype == DType::bfloat16 ? 1 : 2];
+    for (const ResizeSize& z : kResizeSizes) {
+      const std::int64_t planes = 4;
+      const auto v = testing::random_floats(static_cast<std::size_t>(planes * z.ih * z.iw), ++salt);
+      const std::vector<double> x = stored(v, dtype);
+      const Tensor y = ops::interpolate(device_tensor(device, v, {2, 2, z.ih, z.iw}, dtype), z.oh,
+                                        z.ow, options);
+      ASSERT_EQ(y.shape(), (Shape{2, 2, z.oh, z.ow}));
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<double> got = y.to_vector<double>();
+      for (std::int64_t m = 0; m < planes; ++m) {
+        for (std::int64_t i = 0; i < z.oh; ++i) {
+          for (std::int64_t j = 0; j < z.ow; ++j) {
+            ASSERT_NEAR(got[static_cast<std::size_t>((m * z.oh + i) * z.ow + j)],
+                        want(x, z, m, i, j), tol)
+                << dtype_name(dtype) << " align_corners " << options.align_corners << " "
+                << z.ih << "x" << z.iw << " -> " << z.oh << "x" << z.ow << " at " << m << ","
+                << i << "," << j;
+          }
+        }
+      }
+    }
+  }
 }
 
 struct ConvCase {
@@ -245,41 +288,20 @@ TEST_F(OpImageTest, InterpolateKnownValues) {
 }
 
 TEST_F(OpImageTest, InterpolateBilinearMatchesAFloat64Reference) {
-  std::uint64_t salt = 300;
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
-    for (bool aligned : {false, true}) {
-      for (const auto& [ih, iw, oh, ow] : std::vector<std::array<std::int64_t, 4>>{
-               {2, 2, 4, 4}, {3, 5, 7, 4}, {8, 8, 16, 16}, {9, 6, 4, 3}, {1, 4, 3, 9},
-               {5, 1, 5, 6}, {4, 4, 1, 7}, {13, 11, 32, 29}, {32, 32, 17, 45}}) {
-        const std::int64_t n = 2, c = 3;
-        const auto v = testing::random_floats(static_cast<std::size_t>(n * c * ih * iw), ++salt);
-        const std::vector<double> x = stored(v, dtype);
-        const Tensor a = device_tensor(device(), v, {n, c, ih, iw}, dtype);
-        const Tensor y = ops::interpolate(a, oh, ow, {ops::InterpolateMode::bilinear, aligned});
-        ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
-        ASSERT_EQ(y.dtype(), dtype);
-        const std::vector<double> got = y.to_vector<double>();
-        const double tol = dtype == DType::float32    ? 4e-7
-                           : dtype == DType::bfloat16 ? 8e-3
-                                                      : 1e-3;
-        for (std::int64_t m = 0; m < n * c; ++m) {
-          for (std::int64_t i = 0; i < oh; ++i) {
-            const Taps h = torch_linear(ih, oh, i, aligned);
-            for (std::int64_t j = 0; j < ow; ++j) {
-              const Taps w = torch_linear(iw, ow, j, aligned);
-              auto at = [&](std::int64_t r, std::int64_t col) {
-                return x[static_cast<std::size_t>((m * ih + r) * iw + col)];
-              };
-              const double want = h.l0 * (w.l0 * at(h.i0, w.i0) + w.l1 * at(h.i0, w.i1)) +
-                                  h.l1 * (w.l0 * at(h.i1, w.i0) + w.l1 * at(h.i1, w.i1));
-              ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)], want, tol)
-                  << dtype_name(dtype) << " aligned " << aligned << " " << ih << "x" << iw << " -> " << oh
-                  << "x" << ow << " at " << m << "," << i << "," << j;
-            }
-          }
-        }
-      }
-    }
+  for (bool aligned : {false, true}) {
+    expect_resize_matches(
+        device(), {ops::InterpolateMode::bilinear, aligned}, {4e-7, 8e-3, 1e-3},
+        aligned ? 300 : 400,
+        [aligned](const std::vector<double>& x, const ResizeSize& z, std::int64_t m,
+                  std::int64_t i, std::int64_t j) {
+          const Taps h = torch_linear(z.ih, z.oh, i, aligned);
+          const Taps w = torch_linear(z.iw, z.ow, j, aligned);
+          auto at = [&](std::int64_t r, std::int64_t col) {
+            return x[static_cast<std::size_t>((m * z.ih + r) * z.iw + col)];
+          };
+          return h.l0 * (w.l0 * at(h.i0, w.i0) + w.l1 * at(h.i0, w.i1)) +
+                 h.l1 * (w.l0 * at(h.i1, w.i0) + w.l1 * at(h.i1, w.i1));
+        });
   }
 }
 
@@ -314,47 +336,27 @@ CubicTaps torch_cubic(std::int64_t in, std::int64_t out, std::int64_t i, bool al
 }
 
 TEST_F(OpImageTest, InterpolateBicubicMatchesAFloat64Reference) {
-  std::uint64_t salt = 700;
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
-    for (bool aligned : {false, true}) {
-      for (const auto& [ih, iw, oh, ow] : std::vector<std::array<std::int64_t, 4>>{
-               {2, 2, 4, 4}, {3, 5, 7, 4}, {8, 8, 16, 16}, {9, 6, 4, 3}, {1, 4, 3, 9},
-               {5, 1, 5, 6}, {4, 4, 1, 7}, {13, 11, 32, 29}, {32, 32, 17, 45}}) {
-        const std::int64_t n = 2, c = 2;
-        const auto v = testing::random_floats(static_cast<std::size_t>(n * c * ih * iw), ++salt);
-        const std::vector<double> x = stored(v, dtype);
-        const Tensor a = device_tensor(device(), v, {n, c, ih, iw}, dtype);
-        const Tensor y = ops::interpolate(a, oh, ow, {ops::InterpolateMode::bicubic, aligned});
-        ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
-        ASSERT_EQ(y.dtype(), dtype);
-        const std::vector<double> got = y.to_vector<double>();
-        // float32: the rounding of ~10 products and sums of terms up to ~1.3x the input's range
-        // (the cubic's negative lobes overshoot), as torch's own float32 result differs.
-        const double tol = dtype == DType::float32    ? 2e-6
-                           : dtype == DType::bfloat16 ? 1e-2
-                                                      : 2e-3;
-        for (std::int64_t m = 0; m < n * c; ++m) {
-          for (std::int64_t i = 0; i < oh; ++i) {
-            const CubicTaps h = torch_cubic(ih, oh, i, aligned);
-            for (std::int64_t j = 0; j < ow; ++j) {
-              const CubicTaps w = torch_cubic(iw, ow, j, aligned);
-              double want = 0;
-              for (int r = 0; r < 4; ++r) {
-                double row = 0;
-                for (int q = 0; q < 4; ++q) {
-                  row += w.weight[q] *
-                         x[static_cast<std::size_t>((m * ih + h.index[r]) * iw + w.index[q])];
-                }
-                want += h.weight[r] * row;
-              }
-              ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)], want, tol)
-                  << dtype_name(dtype) << " aligned " << aligned << " " << ih << "x" << iw
-                  << " -> " << oh << "x" << ow << " at " << m << "," << i << "," << j;
+  // float32: the rounding of ~10 products and sums of terms up to ~1.3x the input's range (the
+  // cubic's negative lobes overshoot), as torch's own float32 result differs.
+  for (bool aligned : {false, true}) {
+    expect_resize_matches(
+        device(), {ops::InterpolateMode::bicubic, aligned}, {2e-6, 1e-2, 2e-3},
+        aligned ? 700 : 800,
+        [aligned](const std::vector<double>& x, const ResizeSize& z, std::int64_t m,
+                  std::int64_t i, std::int64_t j) {
+          const CubicTaps h = torch_cubic(z.ih, z.oh, i, aligned);
+          const CubicTaps w = torch_cubic(z.iw, z.ow, j, aligned);
+          double want = 0;
+          for (int r = 0; r < 4; ++r) {
+            double row = 0;
+            for (int q = 0; q < 4; ++q) {
+              row += w.weight[q] *
+                     x[static_cast<std::size_t>((m * z.ih + h.index[r]) * z.iw + w.index[q])];
             }
+            want += h.weight[r] * row;
           }
-        }
-      }
-    }
+          return want;
+        });
   }
   // A constant image stays constant within rounding (the weights sum to 1); align_corners with
   // nearest is refused.
@@ -371,42 +373,20 @@ TEST_F(OpImageTest, InterpolateBicubicMatchesAFloat64Reference) {
 }
 
 TEST_F(OpImageTest, InterpolateAreaAveragesTorchsWindows) {
-  std::uint64_t salt = 900;
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
-    for (const auto& [ih, iw, oh, ow] : std::vector<std::array<std::int64_t, 4>>{
-             {4, 4, 2, 2}, {7, 5, 3, 2}, {5, 7, 5, 3}, {3, 3, 7, 5}, {1, 6, 4, 4}, {9, 10, 1, 1},
-             {13, 17, 6, 7}, {32, 24, 9, 24}}) {
-      const std::int64_t n = 2, c = 2;
-      const auto v = testing::random_floats(static_cast<std::size_t>(n * c * ih * iw), ++salt);
-      const std::vector<double> x = stored(v, dtype);
-      const Tensor a = device_tensor(device(), v, {n, c, ih, iw}, dtype);
-      const Tensor y = ops::interpolate(a, oh, ow, {ops::InterpolateMode::area});
-      ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
-      ASSERT_EQ(y.dtype(), dtype);
-      const std::vector<double> got = y.to_vector<double>();
-      const double tol = dtype == DType::float32    ? 4e-7
-                         : dtype == DType::bfloat16 ? 8e-3
-                                                    : 1e-3;
-      for (std::int64_t m = 0; m < n * c; ++m) {
-        for (std::int64_t i = 0; i < oh; ++i) {
-          const std::int64_t h0 = i * ih / oh, h1 = ((i + 1) * ih + oh - 1) / oh;
-          for (std::int64_t j = 0; j < ow; ++j) {
-            const std::int64_t w0 = j * iw / ow, w1 = ((j + 1) * iw + ow - 1) / ow;
-            double sum = 0;
-            for (std::int64_t r = h0; r < h1; ++r) {
-              for (std::int64_t q = w0; q < w1; ++q) {
-                sum += x[static_cast<std::size_t>((m * ih + r) * iw + q)];
-              }
-            }
-            ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)],
-                        sum / static_cast<double>((h1 - h0) * (w1 - w0)), tol)
-                << dtype_name(dtype) << " " << ih << "x" << iw << " -> " << oh << "x" << ow
-                << " at " << m << "," << i << "," << j;
+  expect_resize_matches(
+      device(), {ops::InterpolateMode::area}, {4e-7, 8e-3, 1e-3}, 900,
+      [](const std::vector<double>& x, const ResizeSize& z, std::int64_t m, std::int64_t i,
+         std::int64_t j) {
+        const std::int64_t h0 = i * z.ih / z.oh, h1 = ((i + 1) * z.ih + z.oh - 1) / z.oh;
+        const std::int64_t w0 = j * z.iw / z.ow, w1 = ((j + 1) * z.iw + z.ow - 1) / z.ow;
+        double sum = 0;
+        for (std::int64_t r = h0; r < h1; ++r) {
+          for (std::int64_t q = w0; q < w1; ++q) {
+            sum += x[static_cast<std::size_t>((m * z.ih + r) * z.iw + q)];
           }
         }
-      }
-    }
-  }
+        return sum / static_cast<double>((h1 - h0) * (w1 - w0));
+      });
   // An infinity stays in its own windows (no inf * 0 elsewhere); align_corners is refused.
   const float inf = std::numeric_limits<float>::infinity();
   const Tensor b = device_tensor(device(), {inf, 1, 2, 3, 4, 5}, {1, 1, 1, 6});
