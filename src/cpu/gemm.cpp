@@ -42,7 +42,7 @@ void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   else out.noalias() += alpha * a_map.transpose() * b_map.transpose();
 }
 #if RETRACE_HAVE_ONEDNN
-// oneDNN's matmul (its brgemm kernels): 15-25 % faster than Eigen and OpenBLAS single-threaded
+// oneDNN's matmul (its brgemm kernels): 10-20 % faster than Eigen and OpenBLAS single-threaded
 // at the transformer's shapes on AVX-512 machines (bench/bench_ops.cpp). A primitive is made
 // once per shape and thread (creating one costs tens of microseconds) and reused with new
 // pointers; each call runs on the calling thread (oneDNN's OpenMP team is held to one thread for
@@ -106,36 +106,42 @@ bool onednn_preferred() {
   return preferred;
 }
 
-void onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+// C = alpha op(A) op(B) + beta C through oneDNN on the calling thread; false (nothing written)
+// when oneDNN refuses the product (it then goes to another library).
+bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                  float* c, std::int64_t ldc) {
   thread_local std::unordered_map<OnednnKey, OnednnGemm, OnednnKeyHash> cache;
-  thread_local dnnl::stream stream(onednn_engine());
-  if (beta == 0.0f || beta == 1.0f) {
-    const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, beta == 1.0f, alpha};
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      // Bounded: a program whose shapes keep changing (a growing sequence) starts over rather
-      // than keeping every shape's compiled kernel.
-      constexpr std::size_t kMaxShapes = 256;
-      if (cache.size() >= kMaxShapes) cache.clear();
+  const bool accumulate = beta != 0.0f;
+  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, alpha};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    // Bounded: a program whose shapes keep changing (a growing sequence) starts over rather
+    // than keeping every shape's compiled kernel.
+    constexpr std::size_t kMaxShapes = 256;
+    if (cache.size() >= kMaxShapes) cache.clear();
+    try {
       it = cache.emplace(key, make_onednn_gemm(key)).first;
+    } catch (const dnnl::error&) {
+      return false;
     }
-    OnednnGemm& g = it->second;
-    g.a.set_data_handle(const_cast<float*>(a));
-    g.b.set_data_handle(const_cast<float*>(b));
-    g.c.set_data_handle(c);
-    const int previous_threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    g.primitive.execute(stream,
-                        {{DNNL_ARG_SRC, g.a}, {DNNL_ARG_WEIGHTS, g.b}, {DNNL_ARG_DST, g.c}});
-    omp_set_num_threads(previous_threads);
-    return;
   }
-  for (std::int64_t r = 0; r < m; ++r) {
-    for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
+  if (accumulate && beta != 1.0f) {  // the sum post-op adds C as it is
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
+    }
   }
-  onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 1.0f, c, ldc);
+  OnednnGemm& g = it->second;
+  g.a.set_data_handle(const_cast<float*>(a));
+  g.b.set_data_handle(const_cast<float*>(b));
+  g.c.set_data_handle(c);
+  thread_local dnnl::stream stream(onednn_engine());
+  // One OpenMP thread for the call; the calling thread's setting is put back.
+  const int previous_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  g.primitive.execute(stream, {{DNNL_ARG_SRC, g.a}, {DNNL_ARG_WEIGHTS, g.b}, {DNNL_ARG_DST, g.c}});
+  omp_set_num_threads(previous_threads);
+  return true;
 }
 #endif
 
@@ -165,8 +171,7 @@ void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                 float* c, std::int64_t ldc) {
 #if RETRACE_HAVE_ONEDNN
-  if (onednn_preferred()) {
-    onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (onednn_preferred() && onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
     return;
   }
 #endif
@@ -215,8 +220,8 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
     case GemmLibrary::this_thread:
 #if RETRACE_HAVE_ONEDNN
       // Below ~32k multiply-adds Eigen's inlined product beats a library call.
-      if (onednn_preferred() && m * n * k >= (std::int64_t{1} << 15)) {
-        onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
+      if (onednn_preferred() && m * n * k >= (std::int64_t{1} << 15) &&
+          onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n)) {
         return;
       }
 #endif
@@ -227,11 +232,9 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
       return;
     case GemmLibrary::onednn:
 #if RETRACE_HAVE_ONEDNN
-      onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
-      return;
-#else
-      break;  // not built: OpenBLAS below (onednn_built() tells callers)
+      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n)) return;
 #endif
+      break;  // not built, or refused: OpenBLAS below
     case GemmLibrary::openblas:
     case GemmLibrary::automatic:
       break;
