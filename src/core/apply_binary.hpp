@@ -25,6 +25,13 @@ RETRACE_HOST_DEVICE inline C float_fmod(C a, C b) {
 #endif
 }
 
+// Whether a nonzero remainder's sign differs from the divisor's: where floor division steps the
+// truncated quotient down by one and remainder adds the divisor to fmod (floats and integers).
+template <class C>
+RETRACE_HOST_DEVICE inline bool remainder_sign_differs(C mod, C b) {
+  return mod != C(0) && ((mod < C(0)) != (b < C(0)));
+}
+
 // Floor division of floats as Python's float `//` (and torch.floor_divide): (a - fmod(a, b)) / b,
 // a whole number but for the rounding of the subtraction and division, one less when the
 // remainder's sign differs from the divisor's, then snapped to the nearest whole number (the
@@ -35,7 +42,7 @@ RETRACE_HOST_DEVICE inline C float_floor_divide(C a, C b) {
   if (b == C(0)) return a / b;
   const C mod = float_fmod(a, b);
   C quotient = (a - mod) / b;
-  if (mod != C(0) && ((b < C(0)) != (mod < C(0)))) quotient -= C(1);
+  if (remainder_sign_differs(mod, b)) quotient -= C(1);
 #ifdef __CUDA_ARCH__
   if (quotient == C(0)) return copysign(C(0), a / b);
   C whole = floor(quotient);
@@ -77,7 +84,7 @@ RETRACE_HOST_DEVICE inline C apply_binary(C a, C b) {
       if constexpr (std::is_signed_v<C>) {
         if (b == C(-1)) return static_cast<C>(U(0) - static_cast<U>(a));
         const C quotient = a / b;
-        return (a % b != 0 && ((a < 0) != (b < 0))) ? C(quotient - 1) : quotient;
+        return remainder_sign_differs(C(a % b), b) ? C(quotient - 1) : quotient;
       } else {
         return a / b;
       }
@@ -87,7 +94,7 @@ RETRACE_HOST_DEVICE inline C apply_binary(C a, C b) {
         if (b == C(-1)) return C(0);
         const C mod = a % b;
         if constexpr (op == BinaryOp::remainder) {
-          if (mod != 0 && ((mod < 0) != (b < 0))) return C(mod + b);
+          if (remainder_sign_differs(mod, b)) return C(mod + b);
         }
         return mod;
       } else {
@@ -122,7 +129,7 @@ RETRACE_HOST_DEVICE inline C apply_binary(C a, C b) {
     return float_fmod(a, b);
   } else if constexpr (op == BinaryOp::remainder) {
     const C mod = float_fmod(a, b);
-    return (mod != C(0) && ((b < C(0)) != (mod < C(0)))) ? mod + b : mod;
+    return remainder_sign_differs(mod, b) ? mod + b : mod;
   } else if constexpr (op == BinaryOp::maximum) {
     return (a > b || a != a) ? a : b;  // a NaN in either operand is the result
   } else if constexpr (op == BinaryOp::minimum) {
