@@ -165,17 +165,25 @@ void openblas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
+// oneDNN where it is the faster library (built with it, AVX-512 CPU): true when it did the
+// product (onednn_gemm's arguments), false when the caller should use another library.
+template <class... GemmArgs>
+bool preferred_onednn_gemm([[maybe_unused]] GemmArgs... args) {
+#if RETRACE_HAVE_ONEDNN
+  return onednn_preferred() && onednn_gemm(args...);
+#else
+  return false;
+#endif
+}
+
 // One block of a split product on the calling thread: oneDNN where it is the faster library,
 // else OpenBLAS held to one thread.
 void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                 float* c, std::int64_t ldc) {
-#if RETRACE_HAVE_ONEDNN
-  if (onednn_preferred() && onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
-    return;
+  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+    openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-#endif
-  openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // A large product on the kernel threads: single-threaded library calls on disjoint blocks of
@@ -185,9 +193,9 @@ void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 // about every other run). Each element of C is summed over k in the same order whatever the
 // split, so the result does not depend on the number of threads.
 void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                const float* a, const float* b, float beta, float* c) {
+                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                float* c) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-  const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
   constexpr std::int64_t kMinRows = 8, kMinColumns = 64;
   if (m >= 2 * kMinRows || n < 2 * kMinColumns) {
     parallel_for(m, kMinRows, [&](std::int64_t begin, std::int64_t end) {
@@ -208,23 +216,21 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
            const float* a, const float* b, float beta, float* c, GemmLibrary library) {
   // A device whose kernels keep to one thread: the calling thread at every size (OpenBLAS
   // would hand the product to its own threads, which concurrent callers contend for).
+  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (library == GemmLibrary::automatic) {
     library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
     if (library == GemmLibrary::automatic) {
-      split_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c);
       return;
     }
   }
-  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   switch (library) {
     case GemmLibrary::this_thread:
-#if RETRACE_HAVE_ONEDNN
       // Below ~32k multiply-adds Eigen's inlined product beats a library call.
-      if (onednn_preferred() && m * n * k >= (std::int64_t{1} << 15) &&
-          onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n)) {
+      if (m * n * k >= (std::int64_t{1} << 15) &&
+          preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n)) {
         return;
       }
-#endif
       eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
       return;
     case GemmLibrary::eigen:
