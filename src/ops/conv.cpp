@@ -178,6 +178,12 @@ Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, const char* op
   return out;
 }
 
+// 1 - t for a float32 weight vector t (rounded once, as torch's 1 - t).
+Tensor one_minus(const Tensor& t, QueueId queue) {
+  return sub(full(t.shape(), 1.0, *t.device(), DType::float32, Layout::row_major, queue), t,
+             queue);
+}
+
 // Linear resizing of dimension `dim` of a float32 tensor: lambda0 * a[i0] + lambda1 * a[i1].
 Tensor resize_linear(const Tensor& a, int dim, const AxisMap& m, QueueId queue) {
   Device& device = *a.device();
@@ -186,8 +192,7 @@ Tensor resize_linear(const Tensor& a, int dim, const AxisMap& m, QueueId queue) 
   const Tensor i1 = minimum(add(i0, 1.0, queue), static_cast<double>(m.in - 1), queue);
   Tensor lambda1 =
       clamp(sub(positions, typecast(i0, DType::float32, queue), queue), 0.0, 1.0, queue);
-  Tensor lambda0 =
-      sub(full({m.out}, 1.0, device, DType::float32, Layout::row_major, queue), lambda1, queue);
+  Tensor lambda0 = one_minus(lambda1, queue);
   if (dim == -2) {  // weights per row: [out, 1]
     lambda0 = reshape(lambda0, {m.out, 1});
     lambda1 = reshape(lambda1, {m.out, 1});
@@ -219,15 +224,14 @@ Tensor resize_cubic(const Tensor& a, int dim, const AxisMap& m, QueueId queue) {
   const Tensor whole = floor(positions, queue);
   const Tensor t = sub(positions, whole, queue);
   const Tensor base = typecast(whole, DType::int32, queue);
-  const Tensor one_minus_t =
-      sub(full({m.out}, 1.0, device, DType::float32, Layout::row_major, queue), t, queue);
+  const Tensor one_minus_t = one_minus(t, queue);
   Tensor weights[4] = {cubic_far(add(t, 1.0, queue), queue), cubic_near(t, queue),
                        cubic_near(one_minus_t, queue),
                        cubic_far(add(one_minus_t, 1.0, queue), queue)};
   Tensor sum;
   for (int j = 0; j < 4; ++j) {
-    const Tensor index = minimum(maximum(add(base, static_cast<double>(j - 1), queue), 0.0, queue),
-                                 static_cast<double>(m.in - 1), queue);
+    const Tensor index = clamp(add(base, static_cast<double>(j - 1), queue), 0.0,
+                               static_cast<double>(m.in - 1), queue);
     if (dim == -2) weights[j] = reshape(weights[j], {m.out, 1});  // weights per row
     const Tensor term = mul(index_select(a, dim, index, queue), weights[j], queue);
     sum = j == 0 ? term : add(sum, term, queue);
@@ -268,27 +272,6 @@ Tensor area_sums(const Tensor& a, int dim, std::int64_t in, std::int64_t out, Te
   return sum;
 }
 
-// Area resizing of [..., H, W] (float32): window sums along W, then H, divided once by the
-// window's element count, as torch's adaptive_avg_pool2d (which sums each 2-D window in one
-// running sum: the order of the additions differs, within a rounding or two).
-Tensor resize_area(const Tensor& a, const std::int64_t in[2], const std::int64_t out[2],
-                   QueueId queue) {
-  Tensor x = a;
-  Tensor counts[2];
-  for (int i = 1; i >= 0; --i) {
-    if (in[i] == out[i]) continue;
-    x = area_sums(x, i == 0 ? -2 : -1, in[i], out[i], &counts[i], queue);
-  }
-  Tensor divisor;
-  if (counts[0].is_null()) {
-    divisor = counts[1];
-  } else {
-    divisor = reshape(counts[0], {out[0], 1});
-    if (!counts[1].is_null()) divisor = mul(divisor, counts[1], queue);
-  }
-  return div(x, divisor, queue);
-}
-
 Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
               const InterpolateOptions& options, const char* op, QueueId queue) {
   device_of(a, op, "a");
@@ -323,14 +306,7 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   // Width first, then height (torch's order of the separable sums).
   const bool narrow = (weighted || area) && a.dtype() != DType::float32;
   Tensor x = narrow ? typecast(a, DType::float32, queue) : a;
-  if (area && (in[0] != out[0] || in[1] != out[1])) {
-    for (int i = 0; i < 2; ++i) {  // window bounds are computed as (i * in) // out in int64
-      RETRACE_CHECK(in[i] < (std::int64_t{1} << 62) / std::max<std::int64_t>(out[i], 1),
-                    invalid_argument, "{}: mode area: {} -> {} is too large", op, in[i], out[i]);
-    }
-    x = resize_area(x, in, out, queue);
-    return narrow ? typecast(x, a.dtype(), queue) : x;
-  }
+  Tensor window_sizes[2];  // area: each resized axis's window lengths
   for (int i = 1; i >= 0; --i) {
     if (in[i] == out[i]) continue;  // torch copies an unchanged extent
     const AxisMap m = axis_map(in[i], out[i], options);
@@ -338,8 +314,24 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
     switch (options.mode) {
       case InterpolateMode::bilinear: x = resize_linear(x, dim, m, queue); break;
       case InterpolateMode::bicubic: x = resize_cubic(x, dim, m, queue); break;
+      case InterpolateMode::area:
+        // Window bounds are computed as (i * in) // out in int64.
+        RETRACE_CHECK(in[i] < (std::int64_t{1} << 62) / out[i], invalid_argument,
+                      "{}: mode area: {} -> {} is too large", op, in[i], out[i]);
+        x = area_sums(x, dim, in[i], out[i], &window_sizes[i], queue);
+        break;
       default: x = resize_nearest(x, dim, m, op, queue); break;
     }
+  }
+  // Area: the window sums divided once by the 2-D window's element count, as torch's
+  // adaptive_avg_pool2d (which sums each window in one running sum: the order of the additions
+  // differs, within a rounding or two).
+  if (!window_sizes[0].is_null()) {
+    Tensor count = reshape(window_sizes[0], {out[0], 1});
+    if (!window_sizes[1].is_null()) count = mul(count, window_sizes[1], queue);
+    x = div(x, count, queue);
+  } else if (!window_sizes[1].is_null()) {
+    x = div(x, window_sizes[1], queue);
   }
   if (narrow) return typecast(x, a.dtype(), queue);
   return x.buffer() == a.buffer() ? a.clone(queue) : x;
