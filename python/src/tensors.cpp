@@ -238,9 +238,11 @@ nb::tuple shape_tuple(const Shape& shape) {
   return nb::tuple(dims);
 }
 
-// A tensor of a's shape, device and dtype filled with value: the left operand of `value <op> a`.
-Tensor scalar_like(const Tensor& a, double value, const char* op) {
-  return ops::full(a.shape(), value, a.require_device(op, "a"), a.dtype());
+// A tensor of a's shape and device (and dtype, unless given) filled with value: the left
+// operand of `value <op> a`.
+Tensor scalar_like(const Tensor& a, double value, const char* op,
+                   std::optional<DType> dtype = std::nullopt) {
+  return ops::full(a.shape(), value, a.require_device(op, "a"), dtype.value_or(a.dtype()));
 }
 
 // a <op> b for the Python operators (b a Tensor or a number).
@@ -575,10 +577,9 @@ void bind_tensors(nb::module_& m) {
            [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "true_divide"); })
       .def("__rtruediv__",
            [](const Tensor& a, double b) {
-             Device& device = a.require_device("true_divide", "a");
-             const DType dtype =
-                 dtype_info(a.dtype()).is_floating ? a.dtype() : DType::float32;
-             return ops::true_divide(ops::full(a.shape(), b, device, dtype), a);
+             // The numerator in the dtype true_divide divides in: a's if floating, else float32.
+             const DType dtype = dtype_info(a.dtype()).is_floating ? a.dtype() : DType::float32;
+             return ops::true_divide(scalar_like(a, b, "true_divide", dtype), a);
            })
       .def("__pow__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "pow"); })
       // `//` and `%` round toward -inf, as in Python and torch (integers: x // 0 and x % 0 are 0).
