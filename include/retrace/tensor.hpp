@@ -3,6 +3,13 @@
 // Copies of a Tensor share storage (like ttnn.Tensor or torch::Tensor); clone() makes a deep
 // copy. A default-constructed Tensor is null, and every API rejects a null tensor by name.
 //
+// A device tensor may be a strided view of its storage (what permute, transpose, slice, split,
+// chunk and expand return: no copy is made, and writes to the storage show through every view
+// of it). strides() and storage_offset() are in elements; is_contiguous() says whether the
+// elements lie densely in row-major order. Ops read views directly or copy them first (as
+// ops::contiguous does); they write only contiguous outputs, except ops::copy and ops::fill,
+// which write through any view whose elements do not overlap.
+//
 //   auto x = retrace::Tensor::from_vector<float>(values, {2, 64}, retrace::DType::bfloat16);
 //   auto d = x.to_device(*device);          // host -> device on queue 0
 //   std::vector<float> back = d.to_vector<float>();
@@ -14,6 +21,7 @@
 #include "retrace/shape.hpp"
 #include "retrace/types.hpp"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,12 +75,24 @@ class Tensor {
   [[nodiscard]] DType dtype() const noexcept { return dtype_; }
   [[nodiscard]] Layout layout() const noexcept { return layout_; }
   [[nodiscard]] std::int64_t numel() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t nbytes() const noexcept { return bytes_; }  // padding included
+  // Bytes of the elements this handle spans: tile padding included; for a view, the view's
+  // own elements (numel x element size), not the whole storage.
+  [[nodiscard]] std::size_t nbytes() const noexcept { return bytes_; }
+  // Element strides, one per dimension (row-major ones for a contiguous tensor).
+  [[nodiscard]] std::span<const std::int64_t> strides() const noexcept {
+    return {strides_.data(), shape_.rank()};
+  }
+  // Elements between the start of the storage and this tensor's first element.
+  [[nodiscard]] std::int64_t storage_offset() const noexcept { return offset_; }
+  // True when the elements lie densely in row-major order from storage_offset() (extents of 1
+  // and empty tensors count as contiguous whatever their strides).
+  [[nodiscard]] bool is_contiguous() const noexcept { return contiguous_; }
   [[nodiscard]] bool on_device() const noexcept { return buffer_ != nullptr; }
   [[nodiscard]] bool on_host() const noexcept { return host_ != nullptr; }
   // The device holding the storage; nullptr for host tensors (and once the device is closed).
   [[nodiscard]] Device* device() const noexcept;
-  // Device address of the first element (what a trace bakes in); 0 for host tensors.
+  // Device address of the first element (storage_offset() included; what a trace bakes in); 0
+  // for host tensors.
   [[nodiscard]] std::uint64_t address() const noexcept;
   [[nodiscard]] const std::shared_ptr<Buffer>& buffer() const noexcept { return buffer_; }
   // Raw host storage (padding included); empty for device tensors.
@@ -91,8 +111,14 @@ class Tensor {
   // A deep copy with its own storage (device copies run on `queue` and are traceable).
   [[nodiscard]] Tensor clone(QueueId queue = kDefaultQueue) const;
 
-  // A handle on the same storage with another shape of the same storage size.
+  // A handle on the same storage with another shape of the same element count; a contiguous
+  // tensor only (ops::reshape copies a strided view first).
   [[nodiscard]] Tensor with_shape(const Shape& shape) const;
+  // A view of this device tensor's storage (torch's as_strided): `shape` with element `strides`
+  // (>= 0, one per dimension) from `storage_offset` elements into the storage. Every element
+  // it reaches must lie inside the storage (invalid_argument otherwise); row_major only.
+  [[nodiscard]] Tensor as_strided(const Shape& shape, std::span<const std::int64_t> strides,
+                                  std::int64_t storage_offset) const;
 
   // Stale outputs: a tracer's output is overwritten by every replay. The tracer's own output
   // objects follow (each replay stamps them); a copy taken before a later replay is stale, and
@@ -118,7 +144,11 @@ class Tensor {
   std::shared_ptr<Buffer> buffer_;
   std::shared_ptr<std::byte> host_;  // never null for a host tensor, even with 0 bytes
   std::size_t bytes_ = 0;
+  std::size_t storage_bytes_ = 0;  // the whole storage's usable bytes (bounds of views)
   Shape shape_;
+  std::array<std::int64_t, Shape::kMaxRank> strides_{};
+  std::int64_t offset_ = 0;
+  bool contiguous_ = true;
   DType dtype_ = DType::float32;
   Layout layout_ = Layout::row_major;
   std::uint64_t version_ = 0;  // the replay of its buffer this handle saw (see replay_version)

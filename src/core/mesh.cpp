@@ -3,8 +3,10 @@
 
 #include "core/collective.hpp"
 #include "core/mesh_state.hpp"
+#include "ops/checks.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/error.hpp"
+#include "retrace/ops.hpp"
 #include "retrace/registry.hpp"
 
 #include <fmt/ranges.h>
@@ -640,11 +642,14 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
     out.push_back(Tensor::empty(out_shape, first.dtype(), *devices[i]));
   }
   if (outer * chunk > 0) {
+    std::vector<Tensor> inputs;  // dense shards (a strided view is copied first)
+    inputs.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) inputs.push_back(ops::contiguous(x.shard(i), queue));
     for (std::size_t i = 0; i < count; ++i) {
       const auto [group, rank] = s.group_of(s.local[i], axis);
-      CollectiveParams params{group,  x.shard(i).buffer()->data(), out[i].buffer()->data(),
+      CollectiveParams params{group,  ops::detail::view_data(inputs[i]), out[i].buffer()->data(),
                               outer,  chunk,  first.dtype(), op, rank};
-      Buffer* buffers[] = {x.shard(i).buffer().get(), out[i].buffer().get()};
+      Buffer* buffers[] = {inputs[i].buffer().get(), out[i].buffer().get()};
       try {
         devices[i]->enqueue(queue, make_launch(name, params, buffers));
       } catch (const Error& e) {

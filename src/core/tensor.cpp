@@ -6,6 +6,8 @@
 #include "retrace/error.hpp"
 #include "retrace/ops.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -90,6 +92,29 @@ S convert(T v) {
   }
 }
 
+// Row-major strides of `shape` into `strides`.
+void row_major_strides(const Shape& shape, std::array<std::int64_t, Shape::kMaxRank>& strides) {
+  std::int64_t step = 1;
+  for (std::size_t i = shape.rank(); i-- > 0;) {
+    strides[i] = step;
+    step *= std::max<std::int64_t>(shape.dims()[i], 1);
+  }
+}
+
+// Whether `strides` lay `shape` out densely in row-major order (extent-1 dimensions and empty
+// shapes excepted).
+bool dense_row_major(const Shape& shape, std::span<const std::int64_t> strides) {
+  if (shape.numel() == 0) return true;
+  std::int64_t step = 1;
+  for (std::size_t i = shape.rank(); i-- > 0;) {
+    const std::int64_t extent = shape.dims()[i];
+    if (extent == 1) continue;
+    if (strides[i] != step) return false;
+    step *= extent;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::int64_t storage_elements(const Shape& shape, Layout layout) {
@@ -113,8 +138,10 @@ std::size_t storage_bytes(const Shape& shape, DType dtype, Layout layout) {
 
 Tensor::Tensor(std::shared_ptr<Buffer> buffer, std::shared_ptr<std::byte> host,
                const Shape& shape, DType dtype, Layout layout, std::size_t bytes)
-    : buffer_(std::move(buffer)), host_(std::move(host)), bytes_(bytes), shape_(shape),
-      dtype_(dtype), layout_(layout) {}
+    : buffer_(std::move(buffer)), host_(std::move(host)), bytes_(bytes), storage_bytes_(bytes),
+      shape_(shape), dtype_(dtype), layout_(layout) {
+  row_major_strides(shape_, strides_);
+}
 
 template <HostElement T>
 Tensor Tensor::from_vector(std::span<const T> values, const Shape& shape, DType dtype,
@@ -162,7 +189,10 @@ Tensor Tensor::from_host_storage(std::shared_ptr<std::byte> storage, const Shape
 
 Device* Tensor::device() const noexcept { return buffer_ ? buffer_->device() : nullptr; }
 
-std::uint64_t Tensor::address() const noexcept { return buffer_ ? buffer_->address() : 0; }
+std::uint64_t Tensor::address() const noexcept {
+  if (!buffer_) return 0;
+  return buffer_->address() + static_cast<std::uint64_t>(offset_) * dtype_size(dtype_);
+}
 
 std::span<const std::byte> Tensor::host_bytes() const noexcept {
   return host_ ? std::span<const std::byte>(host_.get(), bytes_) : std::span<const std::byte>();
@@ -216,8 +246,10 @@ Tensor Tensor::to_host(QueueId queue) const {
   check_not_null("to_host", "the tensor");
   if (on_host()) return *this;
   Device& owner = require_device("to_host", "the tensor");
+  if (!contiguous_) return ops::contiguous(*this, queue).to_host(queue);
   Tensor result = empty_host(shape_, dtype_, layout_);
-  owner.read(queue, *buffer_, 0, result.host_bytes_mutable());
+  owner.read(queue, *buffer_, static_cast<std::size_t>(offset_) * dtype_size(dtype_),
+             result.host_bytes_mutable());
   return result;
 }
 
@@ -255,8 +287,54 @@ Tensor Tensor::with_shape(const Shape& shape) const {
                 "with_shape: shape {} ({} elements) does not match the tensor's shape {} ({} "
                 "elements)",
                 shape, shape.numel(), shape_, numel());
+  RETRACE_CHECK(contiguous_, invalid_argument,
+                "with_shape: the tensor is a strided view (shape {}, strides [{}]); call "
+                "ops::contiguous() first, or ops::reshape, which copies it",
+                shape_, fmt::join(strides(), ", "));
   Tensor view(buffer_, host_, shape, dtype_, layout_, bytes_);
+  view.storage_bytes_ = storage_bytes_;
+  view.offset_ = offset_;
   view.version_ = version_;  // a view of a traced output goes stale with it
+  return view;
+}
+
+Tensor Tensor::as_strided(const Shape& shape, std::span<const std::int64_t> strides,
+                          std::int64_t storage_offset) const {
+  constexpr std::string_view what = "as_strided";
+  (void)require_device(what, "the tensor");
+  RETRACE_CHECK(layout_ == Layout::row_major, invalid_argument,
+                "{}: a {} tensor has no strided views; convert it to row_major", what, layout_);
+  RETRACE_CHECK(strides.size() == shape.rank(), invalid_argument,
+                "{}: {} strides given for shape {} (one per dimension)", what, strides.size(),
+                shape);
+  RETRACE_CHECK(storage_offset >= 0, invalid_argument, "{}: storage offset {} is negative", what,
+                storage_offset);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype_));
+  const std::int64_t capacity = static_cast<std::int64_t>(storage_bytes_) / elem;
+  std::int64_t last = storage_offset;  // the furthest element reached
+  for (std::size_t i = 0; i < shape.rank(); ++i) {
+    RETRACE_CHECK(strides[i] >= 0, invalid_argument,
+                  "{}: stride {} of dimension {} is negative (flip copies instead)", what,
+                  strides[i], i);
+    if (shape.numel() == 0) continue;
+    std::int64_t reach = 0;
+    RETRACE_CHECK(!__builtin_mul_overflow(shape.dims()[i] - 1, strides[i], &reach) &&
+                      !__builtin_add_overflow(last, reach, &last),
+                  invalid_argument, "{}: shape {} with strides [{}] overflows 64-bit offsets",
+                  what, shape, fmt::join(strides, ", "));
+  }
+  RETRACE_CHECK(shape.numel() == 0 || last < capacity, invalid_argument,
+                "{}: shape {} with strides [{}] from offset {} reaches element {}, past the "
+                "storage's {} elements",
+                what, shape, fmt::join(strides, ", "), storage_offset, last, capacity);
+  Tensor view(buffer_, host_, shape, dtype_, layout_,
+              static_cast<std::size_t>(shape.numel() * elem));
+  view.storage_bytes_ = storage_bytes_;
+  std::copy(strides.begin(), strides.end(), view.strides_.begin());
+  view.offset_ = storage_offset;
+  view.contiguous_ = dense_row_major(shape, strides);
+  if (view.contiguous_) row_major_strides(shape, view.strides_);  // canonical strides
+  view.version_ = version_;
   return view;
 }
 
@@ -266,7 +344,9 @@ std::string Tensor::to_string() const {
       on_host() ? std::string("host")
                 : fmt::format("{}{} @0x{:x}", buffer_->link().name,
                               device() ? "" : " (closed)", address());
-  return fmt::format("Tensor({}, {}, {}, {})", shape_, dtype_, layout_, where);
+  if (contiguous_) return fmt::format("Tensor({}, {}, {}, {})", shape_, dtype_, layout_, where);
+  return fmt::format("Tensor({}, {}, {}, {}, strides [{}])", shape_, dtype_, layout_, where,
+                     fmt::join(strides(), ", "));
 }
 
 #define RETRACE_INSTANTIATE(T)                                                              \

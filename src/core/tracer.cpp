@@ -144,6 +144,12 @@ Tensor TracerCore::place_capture_input(const Tensor& tensor, QueueId queue) {
     return placed;
   }
   const Buffer* buffer = tensor.buffer().get();
+  if (!tensor.is_contiguous()) {
+    // A strided view gets a dense slot of its own: every replay copies the new input into it.
+    Tensor copy = tensor.clone(queue);
+    placed_.push_back(copy.buffer().get());
+    return copy;
+  }
   if (std::find(placed_.begin(), placed_.end(), buffer) == placed_.end()) {
     placed_.push_back(buffer);
     return tensor;
@@ -208,7 +214,8 @@ void TracerCore::check_replay_input(const TreePath& path, const Tensor& slot,
 }
 
 void TracerCore::refresh(Tensor& slot, const Tensor& incoming, QueueId queue) {
-  if (incoming.on_device() && incoming.address() == slot.address()) {
+  if (incoming.on_device() && incoming.address() == slot.address() &&
+      incoming.is_contiguous()) {
     ++stats_.copies_skipped;
     return;
   }

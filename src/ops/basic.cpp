@@ -21,6 +21,14 @@ Tensor full(const Shape& shape, double value, Device& device, DType dtype, Layou
 
 void fill(const Tensor& tensor, double value, QueueId queue) {
   Device& device = device_of(tensor, "fill", "tensor");
+  if (!tensor.is_contiguous()) {  // a strided view: filled through a dense temporary
+    RETRACE_CHECK(!detail::has_internal_overlap(tensor), invalid_argument,
+                  "fill: tensor is a view whose elements overlap ({}); fill the tensor it views",
+                  tensor.to_string());
+    copy(full(tensor.shape(), value, device, tensor.dtype(), tensor.layout(), queue), tensor,
+         queue);
+    return;
+  }
   // bool: any nonzero value (NaN included) is true, as torch.
   if (tensor.dtype() == DType::bool_) value = value != 0.0 ? 1.0 : 0.0;
   FillParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
@@ -65,20 +73,51 @@ void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
                     src.layout() == dst.layout(),
                 invalid_argument, "copy: src is {} {} {} but dst is {} {} {}", src.shape(),
                 src.dtype(), src.layout(), dst.shape(), dst.dtype(), dst.layout());
+  RETRACE_CHECK(!detail::has_internal_overlap(dst), invalid_argument,
+                "copy: dst is a view whose elements overlap ({}); it cannot be written",
+                dst.to_string());
   if (src.on_host()) {
-    device.write(queue, *dst.buffer(), 0, src.host_bytes());
+    if (!dst.is_contiguous()) {
+      copy(src.to_device(device, queue), dst, queue);
+      return;
+    }
+    device.write(queue, *dst.buffer(), static_cast<std::size_t>(dst.storage_offset()) *
+                                           dtype_size(dst.dtype()),
+                 src.host_bytes());
     return;
   }
   check_matches(src, "src", dst, "dst", "copy");
-  if (src.address() == dst.address()) return;
+  const bool same_elements = src.buffer() == dst.buffer() &&
+                             src.storage_offset() == dst.storage_offset() &&
+                             std::equal(src.strides().begin(), src.strides().end(),
+                                        dst.strides().begin());
+  if (same_elements || src.numel() == 0) return;
+  if (!src.is_contiguous() || !dst.is_contiguous()) {
+    // One strided copy; a source that shares storage with dst is copied out first (a shifted
+    // view would otherwise be read after it was written).
+    const Tensor from = src.buffer() == dst.buffer() ? src.clone(queue) : src;
+    const std::vector<std::int64_t> shape(src.shape().dims().begin(), src.shape().dims().end());
+    detail::strided_copy("copy", from, 0, shape, detail::strides_of(from), dst, 0,
+                         detail::strides_of(dst), queue);
+    return;
+  }
+  if (src.buffer() == dst.buffer()) {
+    const auto elem = static_cast<std::int64_t>(dtype_size(src.dtype()));
+    const std::int64_t gap = std::abs(src.storage_offset() - dst.storage_offset());
+    if (gap * elem < static_cast<std::int64_t>(dst.nbytes())) {  // overlapping ranges
+      copy(src.clone(queue), dst, queue);
+      return;
+    }
+  }
   CopyParams params{data_of(src), data_of(dst), static_cast<std::int64_t>(dst.nbytes())};
   Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};
   device.enqueue(queue, make_launch("copy", params, buffers));
 }
 
-void assert_finite(const Tensor& tensor, QueueId queue) {
-  Device& device = device_of(tensor, "assert_finite", "tensor");
-  check_dtype_in(tensor, "assert_finite", "tensor", kFloatTypes);
+void assert_finite(const Tensor& input, QueueId queue) {
+  Device& device = device_of(input, "assert_finite", "tensor");
+  check_dtype_in(input, "assert_finite", "tensor", kFloatTypes);
+  const Tensor tensor = detail::dense(input, queue);
   AssertFiniteParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
                             tensor.dtype()};
   Buffer* buffers[] = {tensor.buffer().get()};

@@ -1,4 +1,5 @@
 #include "ops/checks.hpp"
+#include "retrace/ops.hpp"
 
 #include <fmt/ranges.h>
 
@@ -173,8 +174,91 @@ void check_matches_except(const Tensor& a, const Tensor& b, std::size_t except,
                 "{}: {} has shape {}, which differs from {} outside dimension {}", op, b_name,
                 b.shape(), a.shape(), except);
 }
+void* data_of(const Tensor& t) {
+  RETRACE_CHECK(t.is_contiguous(), unimplemented,
+                "this kernel reads and writes dense tensors, and {} is a strided view; "
+                "ops::contiguous() makes a dense copy",
+                t.to_string());
+  return view_data(t);
+}
+
+void* view_data(const Tensor& t) {
+  return static_cast<std::byte*>(t.buffer()->data()) +
+         t.storage_offset() * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+
+std::vector<std::int64_t> strides_of(const Tensor& t) {
+  return {t.strides().begin(), t.strides().end()};
+}
+
+Tensor dense(const Tensor& t, QueueId queue) {
+  return t.is_null() || t.is_contiguous() ? t : contiguous(t, queue);
+}
+
+std::vector<std::int64_t> broadcast_strides(const Tensor& t, const std::vector<std::int64_t>& out) {
+  const Shape& shape = t.shape();
+  std::vector<std::int64_t> strides(out.size(), 0);
+  const std::size_t offset = out.size() - shape.rank();
+  for (std::size_t i = 0; i < shape.rank(); ++i) {
+    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : t.strides()[i];
+  }
+  return strides;
+}
+
+namespace {
+// [first, last] element indices (into the storage) a tensor reaches; numel() > 0.
+std::pair<std::int64_t, std::int64_t> element_range(const Tensor& t) {
+  std::int64_t last = t.storage_offset();
+  for (std::size_t i = 0; i < t.shape().rank(); ++i) {
+    last += (t.shape().dims()[i] - 1) * t.strides()[i];
+  }
+  return {t.storage_offset(), last};
+}
+}  // namespace
+
+bool has_internal_overlap(const Tensor& t) {
+  if (t.is_contiguous()) return false;
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, extent), extents > 1
+  for (std::size_t i = 0; i < t.shape().rank(); ++i) {
+    if (t.shape().dims()[i] > 1) dims.emplace_back(t.strides()[i], t.shape().dims()[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t reach = 0;  // the furthest offset the dimensions with smaller strides reach
+  for (const auto& [stride, extent] : dims) {
+    if (stride <= reach) return true;
+    reach += stride * (extent - 1);
+  }
+  return false;
+}
+
+void check_no_partial_overlap(const Tensor& out, std::string_view op,
+                              std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs) {
+  if (out.numel() == 0) return;
+  const auto [out_first, out_last] = element_range(out);
+  for (const auto& [input, name] : inputs) {
+    if (input->is_null() || input->buffer() != out.buffer() || input->numel() == 0) continue;
+    const bool same = input->storage_offset() == out.storage_offset() &&
+                      input->is_contiguous() && input->numel() == out.numel();
+    if (same) continue;
+    const auto [first, last] = element_range(*input);
+    RETRACE_CHECK(last < out_first || first > out_last, invalid_argument,
+                  "{}: out and {} overlap in memory without being the same elements (a view "
+                  "shifted against out would be read after it was written); write to a new "
+                  "tensor, or clone() {} first",
+                  op, name, name);
+  }
+}
+
+void check_dense_out(const Tensor& out, std::string_view op) {
+  RETRACE_CHECK(out.is_null() || out.is_contiguous(), invalid_argument,
+                "{}: out is a strided view ({}); ops write dense outputs: compute into a new "
+                "tensor and ops::copy() it into the view",
+                op, out.to_string());
+}
+
 void check_out(const Tensor& out, const Tensor& a, const Shape& shape, std::string_view op) {
   device_of(out, op, "out");
+  check_dense_out(out, op);
   RETRACE_CHECK(out.device() == a.device(), invalid_argument, "{}: out is on {} but a is on {}",
                 op, out.device()->name(), a.device()->name());
   RETRACE_CHECK(out.shape() == shape && out.dtype() == a.dtype() && out.layout() == a.layout(),

@@ -72,7 +72,25 @@ Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op);
 // element count) checked first, so the error names the op.
 Shape result_shape(const std::vector<std::int64_t>& dims, std::string_view op);
 
-inline void* data_of(const Tensor& t) { return t.buffer()->data(); }
+// The first element of a tensor that a kernel reads or writes densely (row-major, no gaps):
+// throws unimplemented for a strided view, which such kernels get through dense() first.
+void* data_of(const Tensor& t);
+// The first element of any view, for kernels that take its strides (strides_of).
+void* view_data(const Tensor& t);
+// A tensor's element strides, as kernels' iteration spaces take them.
+std::vector<std::int64_t> strides_of(const Tensor& t);
+// `t` itself when contiguous, else a contiguous copy (one strided_copy command on `queue`).
+Tensor dense(const Tensor& t, QueueId queue);
+// broadcast_strides for a tensor that may be a view: its own strides, 0 where broadcast.
+std::vector<std::int64_t> broadcast_strides(const Tensor& t, const std::vector<std::int64_t>& out);
+// Whether two distinct index tuples of `t` can reach one storage element (a 0 stride along an
+// extent > 1, or strides that interleave): such a view cannot be written.
+bool has_internal_overlap(const Tensor& t);
+// Elementwise out= arguments: an input may be `out` itself (the same elements, read and
+// written in place) or lie elsewhere in memory, but not overlap it partly (a shifted view of the
+// same storage would be read after it was written).
+void check_no_partial_overlap(const Tensor& out, std::string_view op,
+                              std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs);
 // dst[idx] = src[idx] over `shape`, with per-operand strides and offsets (in elements); the
 // strides may be 0 (a source element read several times). Enqueues one strided_copy kernel.
 void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
@@ -84,7 +102,9 @@ void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
 }  // namespace retrace::ops::detail
 
 namespace retrace::ops::detail {
-// An out= argument: on a's device, with the result's shape and a's dtype and layout.
+// An out= argument must be dense (contiguous): kernels write their outputs densely.
+void check_dense_out(const Tensor& out, std::string_view op);
+// An out= argument: dense, on a's device, with the result's shape and a's dtype and layout.
 void check_out(const Tensor& out, const Tensor& a, const Shape& shape, std::string_view op);
 // An out= argument of an op whose kernel reads these inputs while it writes (a product, a
 // norm's weight): it must not share storage with any of them.

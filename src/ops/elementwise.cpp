@@ -48,19 +48,19 @@ void check_binary(const Tensor& a, const Tensor& b, std::string_view op) {
 void enqueue_binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b,
                     const Tensor& out, QueueId queue) {
   BinaryParams params{};
-  params.a = data_of(a);
-  params.b = data_of(b);
+  params.a = view_data(a);  // views are read through their strides
+  params.b = view_data(b);
   params.out = data_of(out);
   params.dtype = a.dtype();
   params.op = kind;
-  if (a.layout() == Layout::tile || a.shape() == b.shape()) {
+  if (a.layout() == Layout::tile ||
+      (a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous())) {
     params.rank = 1;
     params.shape[0] = storage_elements(a.shape(), a.layout());
     params.a_strides[0] = params.b_strides[0] = 1;
   } else {
     const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
-    fill_space(collapse(shape, {broadcast_strides(a.shape(), shape),
-                                broadcast_strides(b.shape(), shape)}),
+    fill_space(collapse(shape, {broadcast_strides(a, shape), broadcast_strides(b, shape)}),
                params.shape, {params.a_strides, params.b_strides}, params.rank, op);
   }
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
@@ -78,15 +78,18 @@ void binary_out(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b,
                 const Tensor& out, QueueId queue) {
   check_binary(a, b, op);
   check_out(out, a, broadcast_shape(a, b, op), op);
+  check_no_partial_overlap(out, op, {{&a, "a"}, {&b, "b"}});
   enqueue_binary(op, kind, a, b, out, queue);
 }
 
-void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a, double b,
+void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a_in, double b,
                        const Tensor& out, QueueId queue) {
-  Device& device = device_of(a, op, "a");
-  check_dtype_in(a, op, "a", kArithmeticTypes);
-  check_out(out, a, a.shape(), op);
-  check_integer_scalar(a.dtype(), b, op, "typecast the tensor to float32 for fractional arithmetic");
+  Device& device = device_of(a_in, op, "a");
+  check_dtype_in(a_in, op, "a", kArithmeticTypes);
+  check_out(out, a_in, a_in.shape(), op);
+  check_integer_scalar(a_in.dtype(), b, op, "typecast the tensor to float32 for fractional arithmetic");
+  const Tensor a = dense(a_in, queue);
+  check_no_partial_overlap(out, op, {{&a, "a"}});
   BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                             a.dtype(), kind, b};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
@@ -101,10 +104,13 @@ Tensor binary_scalar(const char* op, BinaryOp kind, const Tensor& a, double b, Q
   return out;
 }
 
-void unary_out(const char* op, UnaryOp kind, const Tensor& a, const Tensor& out, QueueId queue) {
-  Device& device = device_of(a, op, "a");
-  check_dtype_in(a, op, "a", kFloatTypes);
-  check_out(out, a, a.shape(), op);
+void unary_out(const char* op, UnaryOp kind, const Tensor& a_in, const Tensor& out,
+               QueueId queue) {
+  Device& device = device_of(a_in, op, "a");
+  check_dtype_in(a_in, op, "a", kFloatTypes);
+  check_out(out, a_in, a_in.shape(), op);
+  const Tensor a = dense(a_in, queue);
+  check_no_partial_overlap(out, op, {{&a, "a"}});
   UnaryParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()), a.dtype(),
                      kind};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};

@@ -115,8 +115,31 @@ Shape squeezed(const Shape& shape, const MatmulOperands& operands) {
   return Shape(std::span<const std::int64_t>(dims));
 }
 
-void enqueue_matmul(MatmulPlan& plan, const Tensor& a, const Tensor& b, const Tensor& out,
-                    QueueId queue) {
+// A strided operand that is a dense matrix (stack) with its last two dimensions swapped, as
+// transpose(x, -1, -2) of a contiguous x, is read in place with its transpose flag flipped;
+// any other view is copied dense.
+Tensor matmul_operand(const Tensor& t, bool& transposed, QueueId queue) {
+  const std::size_t rank = t.shape().rank();
+  if (t.is_contiguous() || rank < 2) return dense(t, queue);
+  std::vector<std::int64_t> dims(t.shape().dims().begin(), t.shape().dims().end());
+  std::vector<std::int64_t> strides = strides_of(t);
+  std::swap(dims[rank - 1], dims[rank - 2]);
+  std::swap(strides[rank - 1], strides[rank - 2]);
+  Tensor swapped = t.as_strided(Shape(std::span<const std::int64_t>(dims)), strides,
+                                t.storage_offset());
+  if (!swapped.is_contiguous()) return dense(t, queue);
+  transposed = !transposed;
+  return swapped;
+}
+
+// The planned product of (possibly strided) operands: views read in place where the kernel can.
+void enqueue_matmul(MatmulPlan& plan, const Tensor& a_in, const Tensor& b_in, const Tensor& out,
+                    const Shape& user_a, const Shape& user_b, QueueId queue) {
+  bool ta = plan.params.trans_a, tb = plan.params.trans_b;
+  const Tensor a = matmul_operand(a_in, ta, queue), b = matmul_operand(b_in, tb, queue);
+  if (ta != plan.params.trans_a || tb != plan.params.trans_b) {
+    plan = plan_matmul(a, b, ta, tb, user_a, user_b);
+  }
   plan.params.a = data_of(a);
   plan.params.b = data_of(b);
   plan.params.out = data_of(out);
@@ -132,7 +155,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose transpose_a, Transpose
   const MatmulOperands operands = promote(a, b, ta, tb);
   MatmulPlan plan = plan_matmul(operands.a, operands.b, ta, tb, a.shape(), b.shape());
   Tensor out = empty_like(a, plan.out_shape, "matmul");
-  enqueue_matmul(plan, operands.a, operands.b, out, queue);
+  enqueue_matmul(plan, operands.a, operands.b, out, a.shape(), b.shape(), queue);
   return operands.a_vector || operands.b_vector ? reshape(out, squeezed(plan.out_shape, operands).dims())
                                                 : out;
 }
@@ -144,13 +167,16 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, Transpose trans
   MatmulPlan plan = plan_matmul(operands.a, operands.b, ta, tb, a.shape(), b.shape());
   check_out(out, a, squeezed(plan.out_shape, operands), "matmul");
   check_not_aliased(out, "matmul", {{&a, "a"}, {&b, "b"}});
-  enqueue_matmul(plan, operands.a, operands.b, reshape(out, plan.out_shape.dims()), queue);
+  enqueue_matmul(plan, operands.a, operands.b, reshape(out, plan.out_shape.dims()), a.shape(),
+                 b.shape(), queue);
 }
 
 namespace {
 
-void enqueue_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
-                    QueueId queue) {
+void enqueue_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                    const Tensor& out, QueueId queue) {
+  const Tensor x = dense(x_in, queue), weight = dense(weight_in, queue),
+               bias = dense(bias_in, queue);
   MatmulParams params{};
   params.a = data_of(x);
   params.b = data_of(weight);
@@ -253,6 +279,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                       (mh == 1 || mh == heads) && (mb == 1 || mb == batch),
                   invalid_argument, "{}: mask {} does not broadcast to [{}, {}, {}, {}] (B, H, Sq, Sk)",
                   op, ms, batch, heads, sq, sk);
+    mask = dense(mask, queue);
     params.mask = data_of(mask);
     params.mask_row_stride = m_sq == 1 ? 0 : sk;
     params.mask_head_stride = mh == 1 ? 0 : m_sq * sk;
@@ -268,9 +295,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     check_out(out, q, out_shape, op);
     check_not_aliased(out, op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&mask, "mask"}});
   }
-  params.q = data_of(q);
-  params.k = data_of(k);
-  params.v = data_of(v);
+  const Tensor qd = dense(q, queue), kd = dense(k, queue), vd = dense(v, queue);
+  params.q = data_of(qd);
+  params.k = data_of(kd);
+  params.v = data_of(vd);
   params.out = data_of(out);
   params.batch = batch;
   params.heads = heads;
@@ -282,7 +310,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   params.scale = static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(d))));
   params.dtype = q.dtype();
   params.causal = causal;
-  std::vector<Buffer*> buffers{q.buffer().get(), k.buffer().get(), v.buffer().get(),
+  std::vector<Buffer*> buffers{qd.buffer().get(), kd.buffer().get(), vd.buffer().get(),
                                out.buffer().get()};
   if (!mask.is_null()) buffers.push_back(mask.buffer().get());
   q.device()->enqueue(queue, make_launch(op, params, buffers));

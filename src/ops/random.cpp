@@ -60,6 +60,7 @@ void draw(const char* op, Generator& gen, const Tensor& out, RandomDist dist, Qu
   check_dtype_in(out, op, "out", kFloatTypes);
   RETRACE_CHECK(out.layout() == Layout::row_major, invalid_argument,
                 "{}: out must be row-major, got {}", op, out.layout());
+  ops::detail::check_dense_out(out, op);
   // An empty draw still advances the generator, so the offsets do not depend on shapes. A
   // tracer's prep run draws without advancing: the capture then draws what an eager call would.
   RandomParams params{static_cast<std::uint32_t*>(data_of(gen.state())), data_of(out),

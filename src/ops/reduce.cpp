@@ -41,8 +41,10 @@ void check_vector(const Tensor& v, const Tensor& a, std::int64_t cols, std::stri
                 cols, v.shape());
 }
 
-Tensor reduce(const char* op, ReduceOp kind, const Tensor& a, KeepDim keepdim, QueueId queue) {
-  const Rows r = rows_of(a, op);
+Tensor reduce(const char* op, ReduceOp kind, const Tensor& a_in, KeepDim keepdim,
+              QueueId queue) {
+  const Rows r = rows_of(a_in, op);
+  const Tensor a = dense(a_in, queue);
   std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
   if (keepdim == KeepDim::yes) {
     shape.back() = 1;
@@ -57,14 +59,17 @@ Tensor reduce(const char* op, ReduceOp kind, const Tensor& a, KeepDim keepdim, Q
 }
 
 // out may be a itself (each row is read before it is written) but not the weight or bias.
-void norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor& bias, double eps,
-          bool rms, const Tensor& out, QueueId queue) {
-  const Rows r = rows_of(a, op);
-  check_vector(weight, a, r.cols, op, "weight");
-  check_vector(bias, a, r.cols, op, "bias");
+void norm(const char* op, const Tensor& a_in, const Tensor& weight_in, const Tensor& bias_in,
+          double eps, bool rms, const Tensor& out, QueueId queue) {
+  const Rows r = rows_of(a_in, op);
+  check_vector(weight_in, a_in, r.cols, op, "weight");
+  check_vector(bias_in, a_in, r.cols, op, "bias");
   RETRACE_CHECK(eps >= 0.0, invalid_argument, "{}: eps must not be negative, got {}", op, eps);
-  check_out(out, a, a.shape(), op);
-  check_not_aliased(out, op, {{&weight, "weight"}, {&bias, "bias"}});
+  check_out(out, a_in, a_in.shape(), op);
+  check_not_aliased(out, op, {{&weight_in, "weight"}, {&bias_in, "bias"}});
+  const Tensor a = dense(a_in, queue), weight = dense(weight_in, queue),
+               bias = dense(bias_in, queue);
+  check_no_partial_overlap(out, op, {{&a, "a"}});
   NormParams params{data_of(a),
                     weight.is_null() ? nullptr : data_of(weight),
                     bias.is_null() ? nullptr : data_of(bias),
@@ -100,9 +105,11 @@ Tensor max(const Tensor& a, KeepDim keepdim, QueueId queue) {
   return reduce("max", ReduceOp::max, a, keepdim, queue);
 }
 
-void softmax(const Tensor& a, const Tensor& out, QueueId queue) {
-  const Rows r = rows_of(a, "softmax");
-  check_out(out, a, a.shape(), "softmax");  // out may be a (in place)
+void softmax(const Tensor& a_in, const Tensor& out, QueueId queue) {
+  const Rows r = rows_of(a_in, "softmax");
+  check_out(out, a_in, a_in.shape(), "softmax");  // out may be a (in place)
+  const Tensor a = dense(a_in, queue);
+  check_no_partial_overlap(out, "softmax", {{&a, "a"}});
   SoftmaxParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype()};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
   a.device()->enqueue(queue, make_launch("softmax", params, buffers));
@@ -152,8 +159,9 @@ Tensor argmax(const Tensor& a, KeepDim keepdim, QueueId queue) {
   Tensor out = Tensor::empty(Shape(std::span<const std::int64_t>(shape)), DType::int32,
                              *a.device());
   if (r.rows == 0) return out;
-  ReduceParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype(), ReduceOp::argmax};
-  Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
+  const Tensor ad = dense(a, queue);
+  ReduceParams params{data_of(ad), data_of(out), r.rows, r.cols, a.dtype(), ReduceOp::argmax};
+  Buffer* buffers[] = {ad.buffer().get(), out.buffer().get()};
   a.device()->enqueue(queue, make_launch(op, params, buffers));
   return out;
 }

@@ -61,13 +61,13 @@ Tensor scalar_like(const Tensor& like, double value, std::string_view op) {
 void enqueue_compare(const char* op, CompareOp kind, const Tensor& a, const Tensor& b,
                      const Tensor& out, QueueId queue) {
   CompareParams params{};
-  params.a = data_of(a);
-  params.b = data_of(b);
+  params.a = view_data(a);  // views are read through their strides
+  params.b = view_data(b);
   params.out = static_cast<std::uint8_t*>(data_of(out));
   params.dtype = a.dtype();
   params.op = kind;
   const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
-  fill_space(collapse(shape, {broadcast_strides(a.shape(), shape), broadcast_strides(b.shape(), shape)}),
+  fill_space(collapse(shape, {broadcast_strides(a, shape), broadcast_strides(b, shape)}),
              params.shape, {params.a_strides, params.b_strides}, params.rank, op);
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
   a.device()->enqueue(queue, make_launch(op, params, buffers));
@@ -94,20 +94,21 @@ void compare_out(const char* op, CompareOp kind, const Tensor& a, const Tensor& 
   same_device({{&a, "a"}, {&out, "out"}}, op);
   RETRACE_CHECK(out.dtype() == DType::bool_ && out.shape() == shape, invalid_argument,
                 "{}: out must be bool {}, got {} {}", op, shape, out.dtype(), out.shape());
+  check_dense_out(out, op);
   if (shape.numel() > 0) enqueue_compare(op, kind, a, b, out, queue);
 }
 
 void enqueue_where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out,
                    QueueId queue) {
   WhereParams params{};
-  params.cond = static_cast<const std::uint8_t*>(data_of(cond));
-  params.a = data_of(a);
-  params.b = data_of(b);
+  params.cond = static_cast<const std::uint8_t*>(view_data(cond));
+  params.a = view_data(a);  // views are read through their strides
+  params.b = view_data(b);
   params.out = data_of(out);
   params.elem_size = static_cast<std::int32_t>(dtype_size(a.dtype()));
   const std::vector<std::int64_t> shape(out.shape().dims().begin(), out.shape().dims().end());
-  fill_space(collapse(shape, {broadcast_strides(cond.shape(), shape), broadcast_strides(a.shape(), shape),
-                              broadcast_strides(b.shape(), shape)}),
+  fill_space(collapse(shape, {broadcast_strides(cond, shape), broadcast_strides(a, shape),
+                              broadcast_strides(b, shape)}),
              params.shape, {params.cond_strides, params.a_strides, params.b_strides},
              params.rank, "where");
   Buffer* buffers[] = {cond.buffer().get(), a.buffer().get(), b.buffer().get(),
@@ -162,6 +163,8 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
   RETRACE_CHECK(out.dtype() == a.dtype() && out.shape() == shape, invalid_argument,
                 "where: out must be {} {}, got {} {}", a.dtype(), shape, out.dtype(),
                 out.shape());
+  check_dense_out(out, "where");
+  check_no_partial_overlap(out, "where", {{&a, "a"}, {&b, "b"}});
   if (shape.numel() > 0) enqueue_where(cond, a, b, out, queue);
 }
 
@@ -249,10 +252,10 @@ Tensor enqueue_gather(const char* op, const Tensor& a, std::size_t dim, const Te
                       std::vector<std::int64_t> index_strides, QueueId queue) {
   Tensor out = Tensor::empty(out_shape, a.dtype(), *a.device());
   if (out_shape.numel() == 0) return out;
-  const std::vector<std::int64_t> a_strides = contiguous_strides(a.shape());
+  const std::vector<std::int64_t> a_strides = strides_of(a);
   GatherParams params{};
-  params.src = data_of(a);
-  params.index = data_of(index);
+  params.src = view_data(a);  // a and index are read through their strides
+  params.index = view_data(index);
   params.index_size = static_cast<std::int32_t>(dtype_size(index.dtype()));
   params.out = data_of(out);
   params.rank = static_cast<std::int32_t>(out_shape.rank());
@@ -274,10 +277,10 @@ Tensor select_rows(const char* op, const Tensor& a, std::size_t dim, const Tenso
   // index is one-dimensional here: its stride is 1 along `dim` and 0 elsewhere.
   std::vector<std::int64_t> dims(a.shape().dims().begin(), a.shape().dims().end());
   dims[dim] = index.numel();
-  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  std::vector<std::int64_t> src_strides = strides_of(a);
   src_strides[dim] = 0;
   std::vector<std::int64_t> index_strides(dims.size(), 0);
-  index_strides[dim] = 1;
+  index_strides[dim] = index.numel() > 1 ? index.strides()[0] : 1;
   return enqueue_gather(op, a, dim, index, Shape(std::span<const std::int64_t>(dims)),
                         std::move(src_strides), std::move(index_strides), queue);
 }
@@ -322,10 +325,10 @@ Tensor gather(const Tensor& a, std::int64_t dim, const Tensor& index, QueueId qu
                   "may differ)",
                   index.shape(), a.shape(), k, d);
   }
-  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  std::vector<std::int64_t> src_strides = strides_of(a);
   src_strides[d] = 0;
   return enqueue_gather("gather", a, d, index, index.shape(), std::move(src_strides),
-                        contiguous_strides(index.shape()), queue);
+                        strides_of(index), queue);
 }
 
 }  // namespace retrace::ops

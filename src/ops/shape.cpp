@@ -1,5 +1,6 @@
-// Shape and layout ops: reshape (a view), permute/transpose, slice, split/chunk, concat,
-// typecast and to_layout. Data movement goes through one strided-copy kernel.
+// Shape and layout ops. reshape, permute/transpose, slice, split/chunk and expand return views
+// of their input's storage (no command); concat, stack, repeat, flip, contiguous, typecast and
+// to_layout copy. Data movement goes through one strided-copy kernel.
 #include "ops/checks.hpp"
 #include "retrace/ops.hpp"
 
@@ -55,8 +56,8 @@ void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
   if (count == 0) return;
   const auto elem = static_cast<std::int64_t>(dtype_size(src.dtype()));
   StridedCopyParams params{};
-  params.src = static_cast<const std::byte*>(data_of(src)) + src_offset * elem;
-  params.dst = static_cast<std::byte*>(data_of(dst)) + dst_offset * elem;
+  params.src = static_cast<const std::byte*>(view_data(src)) + src_offset * elem;
+  params.dst = static_cast<std::byte*>(view_data(dst)) + dst_offset * elem;
   params.elem_size = static_cast<std::int32_t>(elem);
   fill_space(collapse(shape, {src_strides, dst_strides}), params.shape,
              {params.src_strides, params.dst_strides}, params.rank, op);
@@ -96,14 +97,14 @@ Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
                 "reshape: shape {} ({} elements) does not match the tensor's shape {} ({} "
                 "elements)",
                 target, target.numel(), a.shape(), a.numel());
-  return a.with_shape(target);
+  return dense(a, kDefaultQueue).with_shape(target);
 }
 
 Tensor reshape(const Tensor& a, std::initializer_list<std::int64_t> shape) {
   return reshape(a, std::span<const std::int64_t>(shape.begin(), shape.size()));
 }
 
-Tensor permute(const Tensor& a, std::span<const std::int64_t> dims, QueueId queue) {
+Tensor permute(const Tensor& a, std::span<const std::int64_t> dims, QueueId /*queue*/) {
   constexpr const char* op = "permute";
   device_of(a, op, "a");
   check_row_major(a, op);
@@ -111,18 +112,15 @@ Tensor permute(const Tensor& a, std::span<const std::int64_t> dims, QueueId queu
   RETRACE_CHECK(dims.size() == rank, invalid_argument,
                 "permute: {} dimensions given for a tensor of rank {}", dims.size(), rank);
   std::vector<bool> seen(rank, false);
-  std::vector<std::int64_t> shape(rank), src_strides(rank);
-  const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
+  std::vector<std::int64_t> shape(rank), strides(rank);
   for (std::size_t i = 0; i < rank; ++i) {
     const auto d = static_cast<std::size_t>(normalize_dim(dims[i], rank, op));
     RETRACE_CHECK(!seen[d], invalid_argument, "permute: dimension {} appears twice", d);
     seen[d] = true;
     shape[i] = a.shape().dims()[d];
-    src_strides[i] = strides[d];
+    strides[i] = a.strides()[d];
   }
-  Tensor out = empty_like(a, make_shape(shape), op);
-  strided_copy(op, a, 0, shape, src_strides, out, 0, contiguous_strides(out.shape()), queue);
-  return out;
+  return a.as_strided(make_shape(shape), strides, a.storage_offset());
 }
 
 Tensor permute(const Tensor& a, std::initializer_list<std::int64_t> dims, QueueId queue) {
@@ -140,7 +138,7 @@ Tensor transpose(const Tensor& a, std::int64_t dim0, std::int64_t dim1, QueueId 
 }
 
 Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t end,
-             std::int64_t step, QueueId queue) {
+             std::int64_t step, QueueId /*queue*/) {
   constexpr const char* op = "slice";
   device_of(a, op, "a");
   check_row_major(a, op);
@@ -153,12 +151,11 @@ Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t
   const std::int64_t from = clamp(start), to = std::max(clamp(end), from);
   std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
   shape[d] = (to - from + step - 1) / step;
-  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
-  const std::int64_t offset = from * src_strides[d];
-  src_strides[d] *= step;
-  Tensor out = empty_like(a, make_shape(shape), op);
-  strided_copy(op, a, offset, shape, src_strides, out, 0, contiguous_strides(out.shape()), queue);
-  return out;
+  std::vector<std::int64_t> strides = strides_of(a);
+  const std::int64_t offset = a.storage_offset() + (shape[d] == 0 ? 0 : from * strides[d]);
+  // A step past the extent (one element taken) keeps the stride in range.
+  if (shape[d] > 1) strides[d] *= step;
+  return a.as_strided(make_shape(shape), strides, offset);
 }
 
 std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes, std::int64_t dim,
@@ -210,7 +207,7 @@ Tensor concat(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) 
   std::int64_t at = 0;
   for (const Tensor& t : tensors) {
     const std::vector<std::int64_t> piece(t.shape().dims().begin(), t.shape().dims().end());
-    strided_copy(op, t, 0, piece, contiguous_strides(t.shape()), out, at * out_strides[d],
+    strided_copy(op, t, 0, piece, strides_of(t), out, at * out_strides[d],
                  out_strides, queue);
     at += t.shape().dims()[d];
   }
@@ -239,16 +236,18 @@ Tensor stack(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) {
                   "dtype)",
                   name, t.shape(), t.dtype(), first.shape(), first.dtype());
     std::vector<std::int64_t> dims(t.shape().dims().begin(), t.shape().dims().end());
+    std::vector<std::int64_t> strides = strides_of(t);
     dims.insert(dims.begin() + static_cast<std::ptrdiff_t>(d), 1);
-    pieces.push_back(t.with_shape(make_shape(dims)));
+    strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(d), 1);  // any: extent 1
+    pieces.push_back(t.as_strided(make_shape(dims), strides, t.storage_offset()));
   }
   return concat(pieces, static_cast<std::int64_t>(d), queue);
 }
 
-Tensor expand(const Tensor& a, std::span<const std::int64_t> shape, QueueId queue) {
+Tensor expand(const Tensor& a, std::span<const std::int64_t> shape, QueueId /*queue*/) {
   constexpr const char* op = "expand";
   const std::size_t lead = new_leading_dims(a, shape.size(), "extents", op);
-  const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
+  const std::vector<std::int64_t> strides = strides_of(a);
   std::vector<std::int64_t> dims(shape.size()), src_strides(shape.size(), 0);
   for (std::size_t i = 0; i < shape.size(); ++i) {
     const std::int64_t want = shape[i];
@@ -269,10 +268,7 @@ Tensor expand(const Tensor& a, std::span<const std::int64_t> shape, QueueId queu
       dims[i] = want;
     }
   }
-  const Shape target = result_shape(dims, op);
-  Tensor out = empty_like(a, target, op);
-  strided_copy(op, a, 0, dims, src_strides, out, 0, contiguous_strides(target), queue);
-  return out;
+  return a.as_strided(result_shape(dims, op), src_strides, a.storage_offset());
 }
 
 Tensor expand(const Tensor& a, std::initializer_list<std::int64_t> shape, QueueId queue) {
@@ -282,7 +278,7 @@ Tensor expand(const Tensor& a, std::initializer_list<std::int64_t> shape, QueueI
 Tensor repeat(const Tensor& a, std::span<const std::int64_t> repeats, QueueId queue) {
   constexpr const char* op = "repeat";
   const std::size_t lead = new_leading_dims(a, repeats.size(), "repeats", op);
-  const std::vector<std::int64_t> strides = contiguous_strides(a.shape());
+  const std::vector<std::int64_t> strides = strides_of(a);
   // The output seen as [r0, d0, r1, d1, ...]: each copy of the input reads it with stride 0
   // along the repeat dimensions.
   std::vector<std::int64_t> dims, copy_shape, src_strides;
@@ -313,7 +309,7 @@ Tensor flip(const Tensor& a, std::span<const std::int64_t> dims, QueueId queue) 
   device_of(a, op, "a");
   check_row_major(a, op);
   const std::size_t rank = a.shape().rank();
-  std::vector<std::int64_t> src_strides = contiguous_strides(a.shape());
+  std::vector<std::int64_t> src_strides = strides_of(a);
   std::vector<bool> seen(rank, false);
   std::int64_t offset = 0;
   for (std::int64_t dim : dims) {
@@ -334,13 +330,19 @@ Tensor flip(const Tensor& a, std::initializer_list<std::int64_t> dims, QueueId q
   return flip(a, std::span<const std::int64_t>(dims.begin(), dims.size()), queue);
 }
 
-Tensor contiguous(const Tensor& a, QueueId /*queue*/) {
-  device_of(a, "contiguous", "a");
-  return a;
+Tensor contiguous(const Tensor& a, QueueId queue) {
+  constexpr const char* op = "contiguous";
+  device_of(a, op, "a");
+  if (a.is_contiguous()) return a;
+  Tensor out = empty_like(a, a.shape(), op);
+  const std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
+  strided_copy(op, a, 0, shape, strides_of(a), out, 0, contiguous_strides(a.shape()), queue);
+  return out;
 }
 
-Tensor typecast(const Tensor& a, DType dtype, QueueId queue) {
-  Device& device = device_of(a, "typecast", "a");
+Tensor typecast(const Tensor& a_in, DType dtype, QueueId queue) {
+  Device& device = device_of(a_in, "typecast", "a");
+  const Tensor a = dense(a_in, queue);
   Tensor out = Tensor::empty(a.shape(), dtype, device, a.layout());
   TypecastParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                         a.dtype(), dtype};
@@ -349,9 +351,10 @@ Tensor typecast(const Tensor& a, DType dtype, QueueId queue) {
   return out;
 }
 
-Tensor to_layout(const Tensor& a, Layout layout, QueueId queue) {
-  Device& device = device_of(a, "to_layout", "a");
-  if (a.layout() == layout) return a;
+Tensor to_layout(const Tensor& a_in, Layout layout, QueueId queue) {
+  Device& device = device_of(a_in, "to_layout", "a");
+  if (a_in.layout() == layout) return a_in;
+  const Tensor a = dense(a_in, queue);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), device, layout);
   const Shape& s = a.shape();
   const std::int64_t cols = s.rank() >= 1 ? s[-1] : 1, rows = s.rank() >= 2 ? s[-2] : 1;
