@@ -15,6 +15,14 @@
 // must be a whole number in the dtype's range (invalid_argument otherwise: use true_divide, or
 // typecast the tensor to float32, for fractional arithmetic).
 //
+// Views: reshape, permute, transpose, slice, split, chunk and expand return views of their
+// input's storage (Tensor::strides(), no command recorded). Every op takes views as inputs:
+// binary ops, comparisons, where, gather and copies read them through their strides, and
+// matmul reads a transposed view of a dense matrix in place; other kernels read a dense copy
+// the op makes first (one strided-copy command). Results are always dense. An out= argument
+// must be dense (contiguous; a slice along the first dimension is) and may be an input itself
+// but not overlap one partly (invalid_argument); to write a strided view, copy() into it.
+//
 //   auto y = retrace::ops::add(x, bias);                      // numpy-style broadcasting
 //   auto h = retrace::ops::gelu(retrace::ops::linear(x, w1, b1));
 //   retrace::ops::mul(x, 0.5, /*out=*/x);                    // in place
@@ -37,6 +45,7 @@ namespace retrace::ops {
 [[nodiscard]] Tensor full(const Shape& shape, double value, Device& device,
                           DType dtype = DType::float32, Layout layout = Layout::row_major,
                           QueueId queue = kDefaultQueue);
+// Sets every element of `tensor` (a strided view too, whose elements do not overlap).
 void fill(const Tensor& tensor, double value, QueueId queue = kDefaultQueue);
 // [start, start + step, ...) up to end (exclusive), numpy's count ceil((end - start) / step),
 // empty when step points away from end. Floating dtypes: start + i * step computed in double
@@ -46,7 +55,10 @@ void fill(const Tensor& tensor, double value, QueueId queue = kDefaultQueue);
                             DType dtype = DType::float32, QueueId queue = kDefaultQueue);
 
 // dst <- src. src on dst's device: a device-to-device copy (traceable). src on the host: a
-// host write (not allowed during a capture). Shapes, dtypes and layouts must match.
+// host write (not allowed during a capture). Shapes, dtypes and layouts must match. Either may
+// be a strided view (a slice of a cache, a transposed block); dst's elements must not overlap
+// each other (an expand view cannot be written), and a src that overlaps dst is read whole
+// before dst is written.
 void copy(const Tensor& src, const Tensor& dst, QueueId queue = kDefaultQueue);
 
 // Device-side check: a NaN or infinity in `tensor` fails the queue with a sticky device error
@@ -203,7 +215,7 @@ void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& o
 
 // --- reductions and normalisations along any dimension -------------------------------------------
 // (Composed of the last-dimension kernels: a dimension other than the last is first moved last
-// by a permute, i.e. a copy.)
+// by a permute, and the kernel reads a dense copy of that view.)
 
 [[nodiscard]] Tensor sum(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
                          QueueId queue = kDefaultQueue);
@@ -272,22 +284,25 @@ enum class Causal : bool { no = false, yes = true };
 
 // --- shapes and layouts -------------------------------------------------------------------------
 
-// A view (same storage) for row-major tensors; one extent may be -1 (inferred).
+// A view (same storage) for row-major tensors; one extent may be -1 (inferred). A strided view
+// (not contiguous) is copied dense first, as torch's reshape does.
 [[nodiscard]] Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape);
 [[nodiscard]] Tensor reshape(const Tensor& a, std::initializer_list<std::int64_t> shape);
+// Views (no copy): the dimensions reordered, two swapped.
 [[nodiscard]] Tensor permute(const Tensor& a, std::span<const std::int64_t> dims,
                              QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor permute(const Tensor& a, std::initializer_list<std::int64_t> dims,
                              QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor transpose(const Tensor& a, std::int64_t dim0, std::int64_t dim1,
                                QueueId queue = kDefaultQueue);
-// Elements [start, end) with a step along one dimension (negative indices count from the end).
+// A view of elements [start, end) with a step along one dimension (negative indices count from
+// the end).
 [[nodiscard]] Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start,
                            std::int64_t end, std::int64_t step = 1, QueueId queue = kDefaultQueue);
-// Pieces of the given sizes along dim (they must add up to its extent).
+// Views: pieces of the given sizes along dim (they must add up to its extent).
 [[nodiscard]] std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes,
                                         std::int64_t dim, QueueId queue = kDefaultQueue);
-// `chunks` pieces of (nearly) equal size along dim, the last possibly smaller.
+// Views: `chunks` pieces of (nearly) equal size along dim, the last possibly smaller.
 [[nodiscard]] std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, std::int64_t dim,
                                         QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor concat(std::span<const Tensor> tensors, std::int64_t dim,
@@ -296,8 +311,9 @@ enum class Causal : bool { no = false, yes = true };
 // rank]).
 [[nodiscard]] Tensor stack(std::span<const Tensor> tensors, std::int64_t dim,
                            QueueId queue = kDefaultQueue);
-// torch's expand, as a copy: extents of 1 broadcast to `shape` (-1 keeps an extent; extra
-// leading dimensions are new). The result has its own storage.
+// torch's expand, a view: extents of 1 broadcast to `shape` with stride 0 (-1 keeps an extent;
+// extra leading dimensions are new). Its elements overlap, so it cannot be written (copy()
+// and fill() refuse it); clone() or contiguous() gives it storage of its own.
 [[nodiscard]] Tensor expand(const Tensor& a, std::span<const std::int64_t> shape,
                             QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor expand(const Tensor& a, std::initializer_list<std::int64_t> shape,
@@ -313,9 +329,7 @@ enum class Causal : bool { no = false, yes = true };
                           QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor flip(const Tensor& a, std::initializer_list<std::int64_t> dims,
                           QueueId queue = kDefaultQueue);
-// Every tensor an op returns is contiguous (permute, transpose, slice, split, chunk and expand
-// copy), so this returns `a` itself; it is here so code written for strided libraries reads the
-// same.
+// `a` itself when it is contiguous, else a dense copy of the view (one strided-copy command).
 [[nodiscard]] Tensor contiguous(const Tensor& a, QueueId queue = kDefaultQueue);
 // Floats to integers truncate toward zero; values outside the integer's range saturate to its
 // lowest or highest value (infinities too) and NaN becomes 0. Integers to narrower or unsigned

@@ -482,7 +482,8 @@ void bind_ops(nb::module_& m) {
         const auto d = int_list(dims, "permute", "dims");
         return ops::permute(a, std::span<const std::int64_t>(d), parse_queue(queue));
       },
-      nb::arg("a"), nb::arg("dims"), nb::kw_only(), nb::arg("queue") = nb::none());
+      nb::arg("a"), nb::arg("dims"), nb::kw_only(), nb::arg("queue") = nb::none(),
+      "A view with the dimensions reordered (no copy).");
   ops.def(
       "transpose",
       [](const Tensor& a, std::int64_t d0, std::int64_t d1, nb::handle queue) {
@@ -494,7 +495,8 @@ void bind_ops(nb::module_& m) {
       [](const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step,
          nb::handle queue) { return ops::slice(a, dim, start, end, step, parse_queue(queue)); },
       nb::arg("a"), nb::arg("dim"), nb::arg("start"), nb::arg("end"), nb::arg("step") = 1,
-      nb::kw_only(), nb::arg("queue") = nb::none());
+      nb::kw_only(), nb::arg("queue") = nb::none(),
+      "A view of elements [start, end) with a step along dim (no copy).");
   ops.def(
       "split",
       [](const Tensor& a, nb::handle sizes, std::int64_t dim, nb::handle queue) {
@@ -529,7 +531,7 @@ void bind_ops(nb::module_& m) {
   for (const auto& [name, fn, arg, doc] : std::initializer_list<
            std::tuple<const char*, ListOp, const char*, const char*>>{
            {"expand", &ops::expand, "shape",
-            "torch's expand, as a copy: extents of 1 broadcast to shape (-1 keeps one)."},
+            "torch's expand, a view: extents of 1 broadcast to shape (-1 keeps one)."},
            {"repeat", &ops::repeat, "repeats", "torch's Tensor.repeat: the tensor tiled."},
            {"flip", &ops::flip, "dims", "torch.flip: elements reversed along dims."}}) {
     ops.def(
@@ -545,7 +547,7 @@ void bind_ops(nb::module_& m) {
         return ops::contiguous(a, parse_queue(queue));
       },
       nb::arg("a"), nb::kw_only(), nb::arg("queue") = nb::none(),
-      "a itself: every tensor retrace makes is contiguous.");
+      "a itself when contiguous, else a dense copy of the view.");
   ops.def(
       "typecast",
       [](const Tensor& a, nb::handle dtype, nb::handle queue) {

@@ -517,6 +517,24 @@ void bind_tensors(nb::module_& m) {
       .def_prop_ro("device", [](const Tensor& t) { return PyDevice::find(t.device()); },
                    "The Device holding the storage (None for host tensors).")
       .def_prop_ro("address", &Tensor::address)
+      .def("stride",
+           [](const Tensor& t) {
+             nb::list out;
+             for (std::int64_t s : t.strides()) out.append(s);
+             return nb::tuple(out);
+           },
+           "Element strides, one per dimension (torch's Tensor.stride()).")
+      .def("storage_offset", &Tensor::storage_offset,
+           "Elements between the start of the storage and the first element.")
+      .def("is_contiguous", &Tensor::is_contiguous,
+           "Whether the elements lie densely in row-major order (views may not).")
+      .def(
+          "contiguous",
+          [](const Tensor& t, nb::handle queue) {
+            return t.on_host() ? t : ops::contiguous(t, parse_queue(queue));
+          },
+          nb::kw_only(), nb::arg("queue") = nb::none(),
+          "The tensor itself when contiguous, else a dense copy.")
       .def_prop_ro("replay_version", &Tensor::replay_version)
       .def("__len__", [](const Tensor& t) {
         RETRACE_CHECK(t.shape().rank() > 0, invalid_argument, "len() of a rank-0 tensor");

@@ -331,7 +331,7 @@ Tensor Tensor::as_strided(const Shape& shape, std::span<const std::int64_t> stri
               static_cast<std::size_t>(shape.numel() * elem));
   view.storage_bytes_ = storage_bytes_;
   std::copy(strides.begin(), strides.end(), view.strides_.begin());
-  view.offset_ = storage_offset;
+  view.offset_ = shape.numel() == 0 ? 0 : storage_offset;  // an empty view reaches nothing
   view.contiguous_ = dense_row_major(shape, strides);
   if (view.contiguous_) row_major_strides(shape, view.strides_);  // canonical strides
   view.version_ = version_;
