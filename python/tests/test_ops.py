@@ -463,3 +463,23 @@ def test_rounding_ops_match_numpy(device):
     np.testing.assert_array_equal(ops.floor(t).numpy(), np.floor(a))
     np.testing.assert_array_equal(ops.ceil(t).numpy(), np.ceil(a))
     np.testing.assert_array_equal(ops.trunc(t).numpy(), np.trunc(a))
+
+
+def test_shape_ops_return_views_that_match_numpy(device, rng):
+    a = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    x = dev(device, a)
+    t = ops.permute(x, [2, 0, 1])
+    assert t.address == x.address and not t.is_contiguous()
+    assert t.stride() == (1, 20, 5)
+    np.testing.assert_array_equal(t.numpy(), a.transpose(2, 0, 1))
+    s = ops.slice(x, 2, 1, 5, 2)
+    assert s.storage_offset() == 1 and s.stride() == (20, 5, 2)
+    np.testing.assert_array_equal(s.numpy(), a[:, :, 1:5:2])
+    # Ops on views give what they give on dense copies (bit for bit), and views see writes.
+    np.testing.assert_array_equal(ops.exp(s).numpy(), ops.exp(s.contiguous()).numpy())
+    np.testing.assert_array_equal(ops.matmul(x, ops.transpose(x, 1, 2)).numpy(),
+                                  ops.matmul(x, ops.transpose(x, 1, 2).contiguous()).numpy())
+    ops.copy(dev(device, np.zeros((3, 4, 2), np.float32)), s)
+    assert (x.numpy()[:, :, 1:5:2] == 0).all()
+    with pytest.raises(retrace.InvalidArgument, match="add: out is a strided view"):
+        ops.add(t, t, out=t)
