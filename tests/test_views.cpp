@@ -189,6 +189,20 @@ TEST_F(ViewTest, MatmulReadsATransposedViewInPlace) {
   // A transposed view given with transpose = yes is the original matrix.
   EXPECT_EQ(bits(ops::matmul(ops::transpose(a, 0, 1), bt, ops::Transpose::yes, ops::Transpose::no)),
             bits(viewed));
+  // linear with a weight stored [in, out] and passed transposed: read in place too.
+  const Tensor w_in_out = floats(random_floats(7 * 6, 4), {7, 6});
+  const Tensor bias = floats(random_floats(6, 5), {6});
+  device().synchronize();
+  const std::uint64_t at = commands();
+  const Tensor lin = ops::linear(a, ops::transpose(w_in_out, 0, 1), bias);
+  device().synchronize();
+  EXPECT_EQ(commands(), at + 1);
+  EXPECT_EQ(bits(ops::linear(a, ops::transpose(w_in_out, 0, 1))), bits(ops::matmul(a, w_in_out)));
+  const std::vector<float> want =
+      ops::linear(a, ops::contiguous(ops::transpose(w_in_out, 0, 1)), bias).to_vector<float>();
+  const std::vector<float> got = lin.to_vector<float>();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << i;
   // Batched, and a view that is not a plain transpose (a strided slice) is copied first.
   const Tensor q = floats(random_floats(2 * 4 * 3, 3), {2, 4, 3});
   const Tensor qs = ops::slice(q, 1, 0, 4, 2);

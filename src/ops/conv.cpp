@@ -63,7 +63,7 @@ Tensor pad(const Tensor& a, std::span<const std::int64_t> pads, double value, Qu
   std::int64_t offset = 0;
   for (std::size_t d = 0; d < rank; ++d) offset += before[d] * out_strides[d];
   const std::vector<std::int64_t> src_dims(a.shape().dims().begin(), a.shape().dims().end());
-  strided_copy(op, a, 0, src_dims, contiguous_strides(a.shape()), out, offset, out_strides, queue);
+  strided_copy(op, a, 0, src_dims, strides_of(a), out, offset, out_strides, queue);
   return out;
 }
 
@@ -143,8 +143,9 @@ const char* mode_name(InterpolateMode mode) {
 
 // Nearest resizing of dimension `dim` (-2 or -1): one strided copy when every output reads
 // source i / k or i * k (whole ratios), an index_select otherwise.
-Tensor resize_nearest(const Tensor& a, int dim, const AxisMap& m, const char* op,
+Tensor resize_nearest(const Tensor& a_in, int dim, const AxisMap& m, const char* op,
                       QueueId queue) {
+  const Tensor a = dense(a_in, queue);  // the strides below are a dense tensor's
   const std::size_t rank = a.shape().rank();
   const auto d = static_cast<std::size_t>(static_cast<int>(rank) + dim);
   bool up = m.out % m.in == 0, down = m.in % m.out == 0;
@@ -416,7 +417,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
     per_group.push_back(linear(reshape(cols, {n * ho * wo, k}), wg, bg, queue));
   }
   const Tensor rows = groups == 1 ? per_group[0] : concat(per_group, 1, queue);
-  return permute(reshape(rows, {n, ho, wo, o}), {0, 3, 1, 2}, queue);
+  return contiguous(permute(reshape(rows, {n, ho, wo, o}), {0, 3, 1, 2}, queue), queue);
 }
 
 }  // namespace retrace::ops

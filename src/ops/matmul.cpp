@@ -175,7 +175,9 @@ namespace {
 
 void enqueue_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                     const Tensor& out, QueueId queue) {
-  const Tensor x = dense(x_in, queue), weight = dense(weight_in, queue),
+  // A weight stored [in, out] and given transposed (a view) is read in place.
+  bool trans_b = true;
+  const Tensor x = dense(x_in, queue), weight = matmul_operand(weight_in, trans_b, queue),
                bias = dense(bias_in, queue);
   MatmulParams params{};
   params.a = data_of(x);
@@ -185,11 +187,11 @@ void enqueue_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   std::int64_t rows = 1;  // from the leading extents, so 0 input features still leave the rows
   for (std::size_t d = 0; d + 1 < x.shape().rank(); ++d) rows *= x.shape().dims()[d];
   params.m = rows;
-  params.n = weight.shape()[0];
+  params.n = weight_in.shape()[0];
   params.k = x.shape()[-1];
   params.alpha = 1.0f;
   params.dtype = x.dtype();
-  params.trans_b = true;
+  params.trans_b = trans_b;
   std::vector<Buffer*> buffers{x.buffer().get(), weight.buffer().get(), out.buffer().get()};
   if (!bias.is_null()) buffers.push_back(bias.buffer().get());
   x.device()->enqueue(queue, make_launch("linear", params, buffers));
