@@ -14,7 +14,8 @@ struct Step {
   std::function<Tensor(const std::vector<Tensor>&, std::size_t, std::size_t)> apply;
 };
 
-// Ops mapping [4, 8] tensors (two picked from the pool) to a [4, 8] tensor with bounded values.
+// Ops mapping [4, 8] tensors (two picked from the pool) to a [4, 8] tensor with bounded values
+// (some of them strided views).
 std::vector<Step> step_library() {
   using V = const std::vector<Tensor>&;
   return {
@@ -65,6 +66,16 @@ std::vector<Step> step_library() {
          auto parts = ops::chunk(p[i], 3, 1);
          std::swap(parts[0], parts[2]);
          return ops::concat(parts, 1);
+       }},
+      // Views (strided, no copy) of earlier values, which later steps read.
+      {"transposed-view", [](V p, std::size_t i, std::size_t) {
+         return ops::transpose(ops::reshape(p[i], {8, 4}), 0, 1);
+       }},
+      {"stepped-view", [](V p, std::size_t i, std::size_t j) {
+         return ops::slice(ops::concat(std::vector<Tensor>{p[i], p[j]}, 1), 1, 1, 16, 2);
+       }},
+      {"expanded-view", [](V p, std::size_t i, std::size_t) {
+         return ops::expand(ops::slice(p[i], 0, 2, 3), {4, 8});
        }},
       {"attention", [](V p, std::size_t i, std::size_t j) {
          const Tensor q = ops::reshape(p[i], {1, 2, 4, 4});
