@@ -364,7 +364,11 @@ TEST_P(OpsTest, LargeProductsMatchFloat64) {
   for (const Case& c : std::vector<Case>{{{130, 300}, {300, 140}, false, false},
                                          {{300, 130}, {300, 140}, true, false},
                                          {{130, 300}, {140, 300}, false, true},
-                                         {{3, 300}, {300, 900}, false, false}}) {
+                                         {{3, 300}, {300, 900}, false, false},
+                                         // GEMVs against large matrices: columns split.
+                                         {{1, 256}, {1536, 256}, false, true},
+                                         {{2, 512}, {512, 700}, false, false},
+                                         {{512, 3}, {512, 300}, true, false}}) {
     Tensor a = random(c.a, salt++), b = random(c.b, salt++);
     expect_close(ops::matmul(a, b, c.ta ? ops::Transpose::yes : ops::Transpose::no,
                              c.tb ? ops::Transpose::yes : ops::Transpose::no),
@@ -376,6 +380,15 @@ TEST_P(OpsTest, LargeProductsMatchFloat64) {
   for (std::size_t i = 0; i < want.v.size(); ++i) want.v[i] += rbias.v[i % 300];
   expect_close(ops::linear(x, w, bias), want, 20.0);
   expect_replay_matches({x, w, bias}, [](const std::vector<Tensor>& in) {
+    return ops::linear(in[0], in[1], in[2]);
+  });
+  // The adaLN projection: one conditioning row against a [6 * hidden, hidden] weight.
+  Tensor row = random({1, 1, 256}, 713), w6 = random({1536, 256}, 714), b6 = random({1536}, 715);
+  Ref want6 = reference_matmul(read(row), read(w6), false, true);
+  const Ref rb6 = read(b6);
+  for (std::size_t i = 0; i < want6.v.size(); ++i) want6.v[i] += rb6.v[i];
+  expect_close(ops::linear(row, w6, b6), want6, 20.0);
+  expect_replay_matches({row, w6, b6}, [](const std::vector<Tensor>& in) {
     return ops::linear(in[0], in[1], in[2]);
   });
   // Attention with 64-wide heads over 200 keys: per-block products of ~800k multiply-adds.

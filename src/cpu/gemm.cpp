@@ -152,6 +152,10 @@ GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept
   // OpenBLAS on thin shapes (32 rows: 77-80 vs 65-70 GFLOP/s) but OpenBLAS on two threads beats
   // both from about a million multiply-adds up (32x256x256: 124 GFLOP/s). Below that the
   // hand-off to the second core does not pay: one thread.
+  // A thin product against a large matrix (a GEMV: the adaLN projection of one conditioning
+  // row) is bound by reading that matrix, which two cores read faster than one: its columns are
+  // split (split_gemm) however few the multiply-adds.
+  if (m < 16 && n >= 128 && n * k >= (std::int64_t{1} << 17)) return GemmLibrary::automatic;
   return m * n * k < (std::int64_t{1} << 20) ? GemmLibrary::this_thread : GemmLibrary::automatic;
 }
 
