@@ -270,6 +270,104 @@ Tensor binary_operator(const Tensor& a, nb::handle b, std::string_view op) {
   throw nb::next_overload();
 }
 
+// --- indexing: views ------------------------------------------------------------------------------
+
+// t[key] as numpy's basic indexing does it, as a view of t's storage: integers (negative from the
+// end; a dimension is dropped), slices with a positive step, None (a new dimension of 1) and one
+// Ellipsis, alone or in a tuple.
+Tensor index_view(const Tensor& t, nb::handle key) {
+  constexpr std::string_view what = "Tensor indexing";
+  (void)t.require_device(what, "the tensor");
+  std::vector<nb::handle> items;
+  if (PyTuple_Check(key.ptr()) != 0) {
+    for (nb::handle item : nb::borrow<nb::tuple>(key)) items.push_back(item);
+  } else {
+    items.push_back(key);
+  }
+  const std::size_t rank = t.shape().rank();
+  std::size_t consuming = 0, ellipses = 0;
+  for (nb::handle item : items) {
+    if (item.ptr() == Py_Ellipsis) {
+      ++ellipses;
+    } else if (!item.is_none()) {
+      ++consuming;
+    }
+  }
+  RETRACE_CHECK(ellipses <= 1, invalid_argument, "{}: more than one Ellipsis (...)", what);
+  RETRACE_CHECK(consuming <= rank, invalid_argument,
+                "{}: {} indices for a tensor of rank {} (shape {})", what, consuming, rank,
+                t.shape());
+  std::vector<std::int64_t> dims, strides;
+  std::int64_t offset = t.storage_offset();
+  std::size_t d = 0;  // the next dimension of t
+  auto keep = [&](std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i, ++d) {
+      dims.push_back(t.shape().dims()[d]);
+      strides.push_back(t.strides()[d]);
+    }
+  };
+  for (nb::handle item : items) {
+    if (item.is_none()) {
+      dims.push_back(1);
+      strides.push_back(0);
+    } else if (item.ptr() == Py_Ellipsis) {
+      keep(rank - consuming);
+    } else if (PySlice_Check(item.ptr()) != 0) {
+      Py_ssize_t start = 0, stop = 0, step = 0;
+      if (PySlice_Unpack(item.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
+      RETRACE_CHECK(step > 0, invalid_argument,
+                    "{}: slice step {} along dimension {}: only positive steps make views "
+                    "(ops.flip reverses, as a copy)",
+                    what, step, d);
+      const std::int64_t extent = t.shape().dims()[d];
+      const Py_ssize_t length =
+          PySlice_AdjustIndices(static_cast<Py_ssize_t>(extent), &start, &stop, step);
+      if (length > 0) offset += start * t.strides()[d];
+      dims.push_back(length);
+      strides.push_back(t.strides()[d] * (length > 1 ? step : 1));
+      ++d;
+    } else {
+      std::int64_t index = 0;
+      if (!nb::try_cast(item, index) || PyBool_Check(item.ptr()) != 0) {
+        RETRACE_FAIL(invalid_argument,
+                     "{}: index {} is a {}; integers, slices, None and ... index a tensor (use "
+                     "ops.index_select or ops.gather with an index tensor)",
+                     what, nb::repr(item).c_str(), nb::type_name(item.type()).c_str());
+      }
+      const std::int64_t extent = t.shape().dims()[d];
+      if (index < -extent || index >= extent) {
+        PyErr_Format(PyExc_IndexError, "index %lld is out of range for dimension %zu of size %lld",
+                     static_cast<long long>(index), d, static_cast<long long>(extent));
+        throw nb::python_error();
+      }
+      offset += (index < 0 ? index + extent : index) * t.strides()[d];
+      ++d;
+    }
+  }
+  keep(rank - d);
+  return t.as_strided(Shape(std::span<const std::int64_t>(dims)), strides, offset);
+}
+
+// t[key] = value: a number fills the view, a tensor (or array) of a shape that broadcasts to it
+// is copied in.
+void index_assign(const Tensor& t, nb::handle key, nb::handle value) {
+  const Tensor view = index_view(t, key);
+  double scalar = 0;
+  if (!nb::isinstance<Tensor>(value) && nb::try_cast(value, scalar)) {
+    ops::fill(view, scalar);
+    return;
+  }
+  Tensor source = nb::isinstance<Tensor>(value)
+                      ? *nb::inst_ptr<Tensor>(value)
+                      : host_tensor_from_array(value, view.dtype(), "Tensor indexing");
+  if (source.on_host()) source = source.to_device(*view.device());
+  if (!(source.shape() == view.shape())) {
+    const std::vector<std::int64_t> to(view.shape().dims().begin(), view.shape().dims().end());
+    source = ops::expand(source, to);
+  }
+  ops::copy(source, view);
+}
+
 }  // namespace
 
 // --- PyDevice -----------------------------------------------------------------------------------
@@ -517,6 +615,11 @@ void bind_tensors(nb::module_& m) {
       .def_prop_ro("device", [](const Tensor& t) { return PyDevice::find(t.device()); },
                    "The Device holding the storage (None for host tensors).")
       .def_prop_ro("address", &Tensor::address)
+      .def("__getitem__", &index_view, nb::arg("key"),
+           "A view (no copy) by numpy's basic indexing: integers, slices with a positive step, "
+           "None and ....")
+      .def("__setitem__", &index_assign, nb::arg("key"), nb::arg("value"),
+           "Writes a number, or a tensor or array broadcast to the indexed view, into it.")
       .def("stride",
            [](const Tensor& t) {
              nb::list out;

@@ -181,3 +181,30 @@ def test_int64_on_request(device):
     assert retrace.from_numpy(np.array([1, 2])).dtype == retrace.int32
     with pytest.raises(retrace.InvalidArgument, match="pass dtype=retrace.int64"):
         retrace.from_numpy(big)
+
+
+def test_indexing_makes_views_as_numpy_does(device):
+    a = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    x = retrace.from_numpy(a, device=device)
+    for key in [1, -1, (0, 2), (slice(None), 1), (..., 3), (1, slice(0, 4, 2), None),
+                (None, ..., slice(1, None)), (slice(5, 1),), (0, -1, -1)]:
+        view = x[key]
+        assert view.shape == a[key].shape, key
+        np.testing.assert_array_equal(view.numpy(), a[key])
+    assert x[:, 1].address == x.address + 5 * 4  # a view of the same storage
+    assert [row.numpy().tolist() for row in x[0]] == a[0].tolist()  # iteration
+    x[:, 1] = 7.0
+    a[:, 1] = 7
+    x[0, :, 1:3] = np.array([1, 2], np.float32)  # broadcast
+    a[0, :, 1:3] = [1, 2]
+    x[2, 0] = retrace.from_numpy(np.full(5, -1, np.float32), device=device)
+    a[2, 0] = -1
+    np.testing.assert_array_equal(x.numpy(), a)
+    with pytest.raises(IndexError, match="index 3 is out of range for dimension 0 of size 3"):
+        x[3]
+    with pytest.raises(retrace.InvalidArgument, match="only positive steps"):
+        x[::-1]
+    with pytest.raises(retrace.InvalidArgument, match="4 indices for a tensor of rank 3"):
+        x[0, 0, 0, 0]
+    with pytest.raises(retrace.InvalidArgument, match="index 'k' is a str"):
+        x["k"]
