@@ -8,6 +8,8 @@
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
 #include <random>
 #include <memory>
 #include <string>
@@ -122,6 +124,24 @@ void expect_error(F&& f, ErrorCategory category, std::string_view needle) {
     EXPECT_EQ(e.category(), category) << e.what();
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+// A scratch directory for a suite's files, private to this process (test processes running
+// side by side, ctest -j or two builds' suites, never rewrite a file another one has mapped) and
+// removed when the process exits.
+inline std::string scratch_dir(std::string_view suite) {
+  struct Root {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 ("retrace-tests-" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Root root;
+  const std::filesystem::path dir = root.path / std::string(suite);
+  std::filesystem::create_directories(dir);
+  return dir.string();
 }
 
 inline Tensor device_tensor(Device& device, const std::vector<float>& values, const Shape& shape,

@@ -404,9 +404,7 @@ class Float64DiT {
 class ReferenceCheckpointTest : public ::testing::Test {
  protected:
   std::string path(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() / "retrace_dit_checkpoint_test";
-    std::filesystem::create_directories(dir);
-    return (dir / name).string();
+    return (std::filesystem::path(testing::scratch_dir("retrace_dit_checkpoint_test")) / name).string();
   }
   std::unique_ptr<Device> device_ = open_cpu_device();
 };
@@ -549,9 +547,7 @@ TEST(DiTWeightsTest, WritesACheckpointForTheCli) {
 class SafetensorsTest : public ::testing::Test {
  protected:
   std::string path(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() / "retrace_safetensors_test";
-    std::filesystem::create_directories(dir);
-    return (dir / name).string();
+    return (std::filesystem::path(testing::scratch_dir("retrace_safetensors_test")) / name).string();
   }
   // Writes an 8-byte length, the header text and the data bytes.
   std::string raw_file(const std::string& name, const std::string& header, std::size_t data_bytes,

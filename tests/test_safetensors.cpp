@@ -45,9 +45,8 @@ std::string object(std::initializer_list<std::string> entries) {
 }
 
 std::string scratch(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / "retrace_safetensors_reader_test";
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return (std::filesystem::path(testing::scratch_dir("retrace_safetensors_reader_test")) / name)
+      .string();
 }
 
 TEST(SafetensorsReaderTest, OnlyIntegralNumbersForShapesAndOffsets) {
