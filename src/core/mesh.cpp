@@ -647,7 +647,7 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
     for (std::size_t i = 0; i < count; ++i) inputs.push_back(ops::contiguous(x.shard(i), queue));
     for (std::size_t i = 0; i < count; ++i) {
       const auto [group, rank] = s.group_of(s.local[i], axis);
-      CollectiveParams params{group,  ops::detail::view_data(inputs[i]), out[i].buffer()->data(),
+      CollectiveParams params{group,  ops::detail::data_of(inputs[i]), out[i].buffer()->data(),
                               outer,  chunk,  first.dtype(), op, rank};
       Buffer* buffers[] = {inputs[i].buffer().get(), out[i].buffer().get()};
       try {

@@ -92,22 +92,16 @@ void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
                              std::equal(src.strides().begin(), src.strides().end(),
                                         dst.strides().begin());
   if (same_elements || src.numel() == 0) return;
-  if (!src.is_contiguous() || !dst.is_contiguous()) {
-    // One strided copy; a source that shares storage with dst is copied out first (a shifted
-    // view would otherwise be read after it was written).
-    const Tensor from = src.buffer() == dst.buffer() ? src.clone(queue) : src;
-    const std::vector<std::int64_t> shape(src.shape().dims().begin(), src.shape().dims().end());
-    detail::strided_copy("copy", from, 0, shape, detail::strides_of(from), dst, 0,
-                         detail::strides_of(dst), queue);
+  if (detail::may_overlap(src, dst)) {
+    // A shifted view of dst's own elements would be read after it was written: copy it out.
+    copy(src.clone(queue), dst, queue);
     return;
   }
-  if (src.buffer() == dst.buffer()) {
-    const auto elem = static_cast<std::int64_t>(dtype_size(src.dtype()));
-    const std::int64_t gap = std::abs(src.storage_offset() - dst.storage_offset());
-    if (gap * elem < static_cast<std::int64_t>(dst.nbytes())) {  // overlapping ranges
-      copy(src.clone(queue), dst, queue);
-      return;
-    }
+  if (!src.is_contiguous() || !dst.is_contiguous()) {
+    const std::vector<std::int64_t> shape(src.shape().dims().begin(), src.shape().dims().end());
+    detail::strided_copy("copy", src, 0, shape, detail::strides_of(src), dst, 0,
+                         detail::strides_of(dst), queue);
+    return;
   }
   CopyParams params{data_of(src), data_of(dst), static_cast<std::int64_t>(dst.nbytes())};
   Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};

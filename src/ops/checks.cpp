@@ -84,16 +84,6 @@ std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view 
   return dim < 0 ? dim + r : dim;
 }
 
-std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out) {
-  const std::vector<std::int64_t> own = contiguous_strides(shape);
-  std::vector<std::int64_t> strides(out.size(), 0);
-  const std::size_t offset = out.size() - shape.rank();
-  for (std::size_t i = 0; i < shape.rank(); ++i) {
-    strides[offset + i] = shape.dims()[i] == 1 && out[offset + i] != 1 ? 0 : own[i];
-  }
-  return strides;
-}
-
 IterationSpace collapse(const std::vector<std::int64_t>& shape,
                         const std::vector<std::vector<std::int64_t>>& strides) {
   IterationSpace space;
@@ -216,6 +206,13 @@ std::pair<std::int64_t, std::int64_t> element_range(const Tensor& t) {
 }
 }  // namespace
 
+bool may_overlap(const Tensor& a, const Tensor& b) {
+  if (a.buffer() != b.buffer() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a_first, a_last] = element_range(a);
+  const auto [b_first, b_last] = element_range(b);
+  return a_first <= b_last && b_first <= a_last;
+}
+
 bool has_internal_overlap(const Tensor& t) {
   if (t.is_contiguous()) return false;
   std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, extent), extents > 1
@@ -231,17 +228,15 @@ bool has_internal_overlap(const Tensor& t) {
   return false;
 }
 
-void check_no_partial_overlap(const Tensor& out, std::string_view op,
-                              std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs) {
-  if (out.numel() == 0) return;
-  const auto [out_first, out_last] = element_range(out);
+void check_no_partial_overlap(
+    const Tensor& out, std::string_view op,
+    std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs) {
   for (const auto& [input, name] : inputs) {
-    if (input->is_null() || input->buffer() != out.buffer() || input->numel() == 0) continue;
-    const bool same = input->storage_offset() == out.storage_offset() &&
+    if (input->is_null()) continue;
+    const bool same = input->buffer() == out.buffer() &&
+                      input->storage_offset() == out.storage_offset() &&
                       input->is_contiguous() && input->numel() == out.numel();
-    if (same) continue;
-    const auto [first, last] = element_range(*input);
-    RETRACE_CHECK(last < out_first || first > out_last, invalid_argument,
+    RETRACE_CHECK(same || !may_overlap(*input, out), invalid_argument,
                   "{}: out and {} overlap in memory without being the same elements (a view "
                   "shifted against out would be read after it was written); write to a new "
                   "tensor, or clone() {} first",

@@ -45,8 +45,6 @@ namespace retrace::ops::detail {
 std::vector<std::int64_t> contiguous_strides(const Shape& shape);
 // The same for a list of extents of any length (a copy's iteration space before merging).
 std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> extents);
-// Strides of `shape` seen from a broadcast output `out` (numpy alignment; 0 where broadcast).
-std::vector<std::int64_t> broadcast_strides(const Shape& shape, const std::vector<std::int64_t>& out);
 
 // Resolves a possibly negative dimension index; throws naming the op.
 std::int64_t normalize_dim(std::int64_t dim, std::size_t rank, std::string_view op);
@@ -81,18 +79,23 @@ void* view_data(const Tensor& t);
 std::vector<std::int64_t> strides_of(const Tensor& t);
 // `t` itself when contiguous, else a contiguous copy (one strided_copy command on `queue`).
 Tensor dense(const Tensor& t, QueueId queue);
-// broadcast_strides for a tensor that may be a view: its own strides, 0 where broadcast.
+// The strides (elements) of `t`, a view or not, seen from a broadcast output `out` (numpy
+// alignment; 0 where broadcast).
 std::vector<std::int64_t> broadcast_strides(const Tensor& t, const std::vector<std::int64_t>& out);
+// Whether two tensors may reach a common element: one storage and intersecting element ranges.
+bool may_overlap(const Tensor& a, const Tensor& b);
 // Whether two distinct index tuples of `t` can reach one storage element (a 0 stride along an
 // extent > 1, or strides that interleave): such a view cannot be written.
 bool has_internal_overlap(const Tensor& t);
 // Elementwise out= arguments: an input may be `out` itself (the same elements, read and
 // written in place) or lie elsewhere in memory, but not overlap it partly (a shifted view of the
 // same storage would be read after it was written).
-void check_no_partial_overlap(const Tensor& out, std::string_view op,
-                              std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs);
-// dst[idx] = src[idx] over `shape`, with per-operand strides and offsets (in elements); the
-// strides may be 0 (a source element read several times). Enqueues one strided_copy kernel.
+void check_no_partial_overlap(
+    const Tensor& out, std::string_view op,
+    std::initializer_list<std::pair<const Tensor*, std::string_view>> inputs);
+// dst[idx] = src[idx] over `shape`, with per-operand strides and offsets (in elements, from each
+// tensor's first element, so either may be a view); the strides may be 0 (a source element read
+// several times). Enqueues one strided_copy kernel.
 void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
                   const std::vector<std::int64_t>& shape,
                   const std::vector<std::int64_t>& src_strides, const Tensor& dst,

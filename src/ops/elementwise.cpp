@@ -87,7 +87,8 @@ void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a_in, double
   Device& device = device_of(a_in, op, "a");
   check_dtype_in(a_in, op, "a", kArithmeticTypes);
   check_out(out, a_in, a_in.shape(), op);
-  check_integer_scalar(a_in.dtype(), b, op, "typecast the tensor to float32 for fractional arithmetic");
+  check_integer_scalar(a_in.dtype(), b, op,
+                       "typecast the tensor to float32 for fractional arithmetic");
   const Tensor a = dense(a_in, queue);
   check_no_partial_overlap(out, op, {{&a, "a"}});
   BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),

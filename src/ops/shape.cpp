@@ -152,7 +152,7 @@ Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t
   std::vector<std::int64_t> shape(a.shape().dims().begin(), a.shape().dims().end());
   shape[d] = (to - from + step - 1) / step;
   std::vector<std::int64_t> strides = strides_of(a);
-  const std::int64_t offset = a.storage_offset() + (shape[d] == 0 ? 0 : from * strides[d]);
+  const std::int64_t offset = a.storage_offset() + from * strides[d];
   // A step past the extent (one element taken) keeps the stride in range.
   if (shape[d] > 1) strides[d] *= step;
   return a.as_strided(make_shape(shape), strides, offset);
