@@ -202,13 +202,32 @@ std::int64_t torch_nearest(std::int64_t in, std::int64_t out, std::int64_t i, bo
   return std::min(static_cast<std::int64_t>(std::floor(at)), in - 1);
 }
 
-// (i0, i1, lambda0, lambda1) of torch's upsample_bilinear2d for output i.
+// The source elements and weights of one output element along one axis.
+template <int N>
 struct Taps {
-  std::int64_t i0, i1;
-  double l0, l1;
+  std::int64_t index[N];
+  double weight[N];
 };
-Taps torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
-  if (in == out) return {i, i, 1.0, 0.0};
+
+// sum over taps r, q of h.weight[r] * w.weight[q] * x[m, h.index[r], w.index[q]], summed along W
+// first (a float64 reference for separable resizing of image m of x).
+template <int N>
+double separable_sum(const std::vector<double>& x, std::int64_t ih, std::int64_t iw,
+                     std::int64_t m, const Taps<N>& h, const Taps<N>& w) {
+  double sum = 0;
+  for (int r = 0; r < N; ++r) {
+    double row = 0;
+    for (int q = 0; q < N; ++q) {
+      row += w.weight[q] * x[static_cast<std::size_t>((m * ih + h.index[r]) * iw + w.index[q])];
+    }
+    sum += h.weight[r] * row;
+  }
+  return sum;
+}
+
+// (i0, i1) and (lambda0, lambda1) of torch's upsample_bilinear2d for output i.
+Taps<2> torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
+  if (in == out) return {{i, i}, {1.0, 0.0}};
   const float scale = torch_scale(in, out, aligned);
   // One rounding of scale * (i + 0.5) - 0.5: torch's kernels compute it as a fused multiply-add.
   float src = aligned ? scale * static_cast<float>(i)
@@ -218,7 +237,7 @@ Taps torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligne
   if (!aligned && src < 0) src = 0;
   const std::int64_t i0 = std::min(static_cast<std::int64_t>(std::floor(src)), in - 1);
   const float l1 = std::clamp(src - static_cast<float>(i0), 0.0f, 1.0f);
-  return {i0, std::min(i0 + 1, in - 1), 1.0f - l1, l1};
+  return {{i0, std::min(i0 + 1, in - 1)}, {1.0f - l1, l1}};
 }
 
 TEST_F(OpImageTest, InterpolateNearestPicksTorchsElementsForEveryRatio) {
@@ -294,25 +313,16 @@ TEST_F(OpImageTest, InterpolateBilinearMatchesAFloat64Reference) {
         aligned ? 300 : 400,
         [aligned](const std::vector<double>& x, const ResizeSize& z, std::int64_t m,
                   std::int64_t i, std::int64_t j) {
-          const Taps h = torch_linear(z.ih, z.oh, i, aligned);
-          const Taps w = torch_linear(z.iw, z.ow, j, aligned);
-          auto at = [&](std::int64_t r, std::int64_t col) {
-            return x[static_cast<std::size_t>((m * z.ih + r) * z.iw + col)];
-          };
-          return h.l0 * (w.l0 * at(h.i0, w.i0) + w.l1 * at(h.i0, w.i1)) +
-                 h.l1 * (w.l0 * at(h.i1, w.i0) + w.l1 * at(h.i1, w.i1));
+          return separable_sum(x, z.ih, z.iw, m, torch_linear(z.ih, z.oh, i, aligned),
+                               torch_linear(z.iw, z.ow, j, aligned));
         });
   }
 }
 
 // The four taps (clamped to the edges) and Keys' weights (A = -0.75) of torch's bicubic for
 // output i, in float64 from torch's float32 source position.
-struct CubicTaps {
-  std::int64_t index[4];
-  double weight[4];
-};
-CubicTaps torch_cubic(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
-  CubicTaps taps{};
+Taps<4> torch_cubic(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
+  Taps<4> taps{};
   if (in == out) {
     taps.index[0] = taps.index[1] = taps.index[2] = taps.index[3] = i;
     taps.weight[1] = 1.0;
@@ -344,18 +354,8 @@ TEST_F(OpImageTest, InterpolateBicubicMatchesAFloat64Reference) {
         aligned ? 700 : 800,
         [aligned](const std::vector<double>& x, const ResizeSize& z, std::int64_t m,
                   std::int64_t i, std::int64_t j) {
-          const CubicTaps h = torch_cubic(z.ih, z.oh, i, aligned);
-          const CubicTaps w = torch_cubic(z.iw, z.ow, j, aligned);
-          double want = 0;
-          for (int r = 0; r < 4; ++r) {
-            double row = 0;
-            for (int q = 0; q < 4; ++q) {
-              row += w.weight[q] *
-                     x[static_cast<std::size_t>((m * z.ih + h.index[r]) * z.iw + w.index[q])];
-            }
-            want += h.weight[r] * row;
-          }
-          return want;
+          return separable_sum(x, z.ih, z.iw, m, torch_cubic(z.ih, z.oh, i, aligned),
+                               torch_cubic(z.iw, z.ow, j, aligned));
         });
   }
   // A constant image stays constant within rounding (the weights sum to 1); align_corners with
