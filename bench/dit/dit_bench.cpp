@@ -4,8 +4,8 @@
 // step: eager (ops dispatched one by one), traced (the step replayed), floor (the same math
 // straight on the kernel library, FloorDiT) and libtorch (the same model and weights in
 // libtorch's C++ API, when the build found libtorch; its output must match ours within a
-// relative error of 1e-4 or the bench fails). retrace's modes are interleaved and repeated in
-// one process; libtorch runs in a child process of its own per size and thread count (see
+// relative error of 1e-4 or the bench fails). retrace's modes take turns in one process, each
+// for a few consecutive steps at a time (see measure); libtorch runs in a child process of its own per size and thread count (see
 // measure_libtorch). Medians and ratios go to JSON, and a gnuplot chart when gnuplot is
 // installed.
 #include "floor_dit.hpp"
@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -199,18 +200,28 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   for (std::size_t i = 0; i < e.size(); ++i) {
     worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
   }
-  floor_step(floor_x.data(), 1.0f, 0.0f);  // warm up
   Row row{size.name, threads, cpu_kernel_isa(*device), 0, 0, 0, worst, std::nullopt,
           std::nullopt};
+  // Each round runs every mode for `steps` consecutive steps (one untimed step first), as a
+  // sampler loop runs them and as bench/python/peers.py times ONNX Runtime and torch.compile
+  // (each alone in its loop). Alternating the modes step by step instead made every step start
+  // with caches full of another mode's weights and buffers: the M traced step measured 20 ms
+  // that way against 17.6 ms in a loop of its own. The modes' order turns every round, so drift
+  // in the machine's speed falls on each mode alike.
   std::vector<double> eager_ms, traced_ms, floor_ms;
-  for (int r = 0; r < repeats; ++r) {
-    for (std::int64_t s = 0; s < steps; ++s) {
-      eager_ms.push_back(time_ms([&] {
+  const std::function<void()> modes[] = {
+      [&] {
         eager_x = device_step(eager_x);
         device->synchronize();
-      }));
-      traced_ms.push_back(time_ms([&] { tracer(std::get<0>(tracer.inputs())); }));
-      floor_ms.push_back(time_ms([&] { floor_step(floor_x.data(), in.a, in.b); }));
+      },
+      [&] { tracer(std::get<0>(tracer.inputs())); },
+      [&] { floor_step(floor_x.data(), in.a, in.b); }};
+  std::vector<double>* times[] = {&eager_ms, &traced_ms, &floor_ms};
+  for (int r = 0; r < repeats; ++r) {
+    for (int i = 0; i < 3; ++i) {
+      const int mode = (r + i) % 3;
+      modes[mode]();  // untimed: the caches hold this mode's data again
+      for (std::int64_t s = 0; s < steps; ++s) times[mode]->push_back(time_ms(modes[mode]));
     }
   }
   row.eager_ms = median(eager_ms);
