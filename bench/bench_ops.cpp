@@ -37,7 +37,7 @@ void sgemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const
   static const cpu::KernelVariant& kernels =
       *cpu::choose_variant("", std::getenv("RETRACE_CPU_ISA"), cpu::this_cpu(), "bench")
            .variant;
-  kernels.sgemm(false, false, m, n, k, 1.0f, a, b, 0.0f, c, library);
+  kernels.sgemm(false, false, m, n, k, 1.0f, a, b, 0.0f, c, library, nullptr);
 }
 
 struct MatmulSetup {

@@ -1,5 +1,8 @@
 #include "cpu/gemm.hpp"
 #include "cpu/parallel.hpp"
+#include "retrace/error.hpp"
+
+#include <algorithm>
 
 // GCC 12 warns "(may be) used uninitialized" inside its own AVX-512 intrinsics as Eigen inlines
 // them (the intrinsics start from a deliberately undefined register); silenced here, for this
@@ -49,7 +52,7 @@ void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 // the call), so a product is summed in the same order whatever the kernel threads.
 struct OnednnKey {
   std::int64_t m, n, k, lda, ldb, ldc;
-  bool ta, tb, accumulate;
+  bool ta, tb, accumulate, bias;
   float alpha;
   bool operator==(const OnednnKey&) const = default;
 };
@@ -59,12 +62,13 @@ struct OnednnKeyHash {
     for (std::int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
       h = h * 1000003u ^ static_cast<std::size_t>(v);
     }
-    return h * 31u + (key.ta ? 1u : 0u) + (key.tb ? 2u : 0u) + (key.accumulate ? 4u : 0u);
+    return h * 31u + (key.ta ? 1u : 0u) + (key.tb ? 2u : 0u) + (key.accumulate ? 4u : 0u) +
+           (key.bias ? 8u : 0u);
   }
 };
 struct OnednnGemm {
   dnnl::matmul primitive;
-  dnnl::memory a, b, c;
+  dnnl::memory a, b, c, bias;
 };
 
 const dnnl::engine& onednn_engine() {
@@ -82,6 +86,7 @@ OnednnGemm make_onednn_gemm(const OnednnKey& key) {
   const memory::desc b_desc({key.k, key.n}, f32,
                             key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
   const memory::desc c_desc({key.m, key.n}, f32, memory::dims{key.ldc, 1});
+  const memory::desc bias_desc({1, key.n}, f32, memory::dims{key.n, 1});
   dnnl::primitive_attr attr;
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
   if (key.accumulate) {
@@ -89,10 +94,13 @@ OnednnGemm make_onednn_gemm(const OnednnKey& key) {
     post.append_sum(1.0f);
     attr.set_post_ops(post);
   }
-  const dnnl::matmul::primitive_desc desc(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr,
-                                          engine);
+  const dnnl::matmul::primitive_desc desc(
+      key.bias ? dnnl::matmul::desc(a_desc, b_desc, bias_desc, c_desc)
+               : dnnl::matmul::desc(a_desc, b_desc, c_desc),
+      attr, engine);
   return {dnnl::matmul(desc), memory(a_desc, engine, DNNL_MEMORY_NONE),
-          memory(b_desc, engine, DNNL_MEMORY_NONE), memory(c_desc, engine, DNNL_MEMORY_NONE)};
+          memory(b_desc, engine, DNNL_MEMORY_NONE), memory(c_desc, engine, DNNL_MEMORY_NONE),
+          memory(bias_desc, engine, DNNL_MEMORY_NONE)};
 }
 
 // Whether oneDNN's kernels are the faster choice on this CPU (measured on AVX-512 only; other
@@ -106,14 +114,15 @@ bool onednn_preferred() {
   return preferred;
 }
 
-// C = alpha op(A) op(B) + beta C through oneDNN on the calling thread; false (nothing written)
-// when oneDNN refuses the product (it then goes to another library).
+// C = alpha op(A) op(B) + beta C (+ bias, one value per column, when given: beta 0, alpha 1)
+// through oneDNN on the calling thread; false (nothing written) when oneDNN refuses the product
+// (it then goes to another library).
 bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                 float* c, std::int64_t ldc) {
+                 float* c, std::int64_t ldc, const float* bias) {
   thread_local std::unordered_map<OnednnKey, OnednnGemm, OnednnKeyHash> cache;
   const bool accumulate = beta != 0.0f;
-  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, alpha};
+  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, bias != nullptr, alpha};
   auto it = cache.find(key);
   if (it == cache.end()) {
     // Bounded: a program whose shapes keep changing (a growing sequence) starts over rather
@@ -139,7 +148,16 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   // One OpenMP thread for the call; the calling thread's setting is put back.
   const int previous_threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  g.primitive.execute(stream, {{DNNL_ARG_SRC, g.a}, {DNNL_ARG_WEIGHTS, g.b}, {DNNL_ARG_DST, g.c}});
+  if (bias != nullptr) {
+    g.bias.set_data_handle(const_cast<float*>(bias));
+    g.primitive.execute(stream, {{DNNL_ARG_SRC, g.a},
+                                 {DNNL_ARG_WEIGHTS, g.b},
+                                 {DNNL_ARG_BIAS, g.bias},
+                                 {DNNL_ARG_DST, g.c}});
+  } else {
+    g.primitive.execute(stream,
+                        {{DNNL_ARG_SRC, g.a}, {DNNL_ARG_WEIGHTS, g.b}, {DNNL_ARG_DST, g.c}});
+  }
   omp_set_num_threads(previous_threads);
   return true;
 }
@@ -180,12 +198,30 @@ bool preferred_onednn_gemm([[maybe_unused]] GemmArgs... args) {
 #endif
 }
 
+// C's rows start as the bias (for the libraries that add a product to C, with beta 1).
+void fill_bias_rows(const float* bias, std::int64_t m, std::int64_t n, float* c,
+                    std::int64_t ldc) {
+  for (std::int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
+}
+
+// oneDNN adds a bias as it writes C when alpha is 1 (its output scale and bias would otherwise
+// raise the question of which comes first).
+bool fused_bias(const float* bias, float alpha) { return bias != nullptr && alpha == 1.0f; }
+
 // One block of a split product on the calling thread: oneDNN where it is the faster library,
 // else OpenBLAS held to one thread.
 void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                float* c, std::int64_t ldc) {
-  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+                float* c, std::int64_t ldc, const float* bias) {
+  if (fused_bias(bias, alpha) &&
+      preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, bias)) {
+    return;
+  }
+  if (bias != nullptr) {
+    fill_bias_rows(bias, m, n, c, ldc);
+    beta = 1.0f;
+  }
+  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr)) {
     openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 }
@@ -198,18 +234,18 @@ void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 // split, so the result does not depend on the number of threads.
 void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                float* c) {
+                float* c, const float* bias) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   constexpr std::int64_t kMinRows = 8, kMinColumns = 64;
   if (m >= 2 * kMinRows || n < 2 * kMinColumns) {
     parallel_for(m, kMinRows, [&](std::int64_t begin, std::int64_t end) {
       block_gemm(ta, tb, end - begin, n, k, alpha, ta ? a + begin : a + begin * k, lda, b, ldb,
-                 beta, c + begin * n, n);
+                 beta, c + begin * n, n, bias);
     });
   } else {
     parallel_for(n, kMinColumns, [&](std::int64_t begin, std::int64_t end) {
       block_gemm(ta, tb, m, end - begin, k, alpha, a, lda, tb ? b + begin * k : b + begin, ldb,
-                 beta, c + begin, n);
+                 beta, c + begin, n, bias == nullptr ? nullptr : bias + begin);
     });
   }
 }
@@ -217,22 +253,42 @@ void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 }  // namespace
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* a, const float* b, float beta, float* c, GemmLibrary library) {
+           const float* a, const float* b, float beta, float* c, GemmLibrary library,
+           const float* bias) {
+  RETRACE_ASSERT(bias == nullptr || beta == 0.0f, "sgemm: a bias with beta {}", beta);
   // A device whose kernels keep to one thread: the calling thread at every size (OpenBLAS
   // would hand the product to its own threads, which concurrent callers contend for).
   const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (library == GemmLibrary::automatic) {
     library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
     if (library == GemmLibrary::automatic) {
-      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c);
+      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, bias);
       return;
     }
   }
+  // Below ~32k multiply-adds Eigen's inlined product beats a library call.
+  const bool onednn_size = m * n * k >= (std::int64_t{1} << 15);
+  if (fused_bias(bias, alpha)) {
+    if (library == GemmLibrary::this_thread && onednn_size &&
+        preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n,
+                              bias)) {
+      return;
+    }
+#if RETRACE_HAVE_ONEDNN
+    if (library == GemmLibrary::onednn &&
+        onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, bias)) {
+      return;
+    }
+#endif
+  }
+  if (bias != nullptr) {
+    fill_bias_rows(bias, m, n, c, n);
+    beta = 1.0f;
+  }
   switch (library) {
     case GemmLibrary::this_thread:
-      // Below ~32k multiply-adds Eigen's inlined product beats a library call.
-      if (m * n * k >= (std::int64_t{1} << 15) &&
-          preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n)) {
+      if (onednn_size && preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                                               beta, c, n, nullptr)) {
         return;
       }
       eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
@@ -242,7 +298,9 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
       return;
     case GemmLibrary::onednn:
 #if RETRACE_HAVE_ONEDNN
-      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n)) return;
+      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, nullptr)) {
+        return;
+      }
 #endif
       break;  // not built, or refused: OpenBLAS below
     case GemmLibrary::openblas:

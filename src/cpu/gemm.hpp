@@ -17,10 +17,14 @@ namespace retrace::cpu {
 enum class GemmLibrary : std::uint8_t { automatic, this_thread, eigen, openblas, onednn };
 
 // C[m, n] = alpha * op(A) * op(B) + beta * C, row-major. op(A) is A[m, k] or, transposed,
-// stored as [k, m]; likewise B[k, n] or [n, k].
+// stored as [k, m]; likewise B[k, n] or [n, k]. With `bias` (n values; beta must be 0), bias
+// is added to every row: C[i, j] = (alpha * op(A) * op(B))[i, j] + bias[j]. oneDNN adds it as
+// it writes C (when alpha is 1); otherwise C starts as the bias rows and the product is added
+// with beta 1, an extra pass over C. The choice depends on the shape only, so a shape always
+// rounds the same way.
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, const float* b, float beta, float* c,
-           GemmLibrary library = GemmLibrary::automatic);
+           GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
 
 // What `automatic` does with a shape: this_thread, or automatic for a product split over the
 // kernel threads.

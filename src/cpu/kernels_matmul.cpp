@@ -61,20 +61,9 @@ void matmul_kernel(const std::byte* raw) {
     const float* b = as_float(static_cast<const T*>(p.b) + offsets[1], kn, 1);
     T* out = static_cast<T*>(p.out) + batch * mn;
     float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(2, mn);
-    float beta = 0.0f;
-    if (p.bias != nullptr) {
-      const T* bias = static_cast<const T*>(p.bias);
-      parallel_for(p.m, rows_per_task(p.n, std::int64_t{1} << 15),
-                   [&](std::int64_t begin, std::int64_t end) {
-                     for (std::int64_t r = begin; r < end; ++r) {
-                       for (std::int64_t j = 0; j < p.n; ++j) {
-                         c[r * p.n + j] = Elem<T>::load(bias, j);
-                       }
-                     }
-                   });
-      beta = 1.0f;
-    }
-    sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, beta, c, library);
+    const float* bias =
+        p.bias == nullptr ? nullptr : as_float(static_cast<const T*>(p.bias), p.n, 3);
+    sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, 0.0f, c, library, bias);
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
   };
   if (batches > 1 && gemm_choice(p.m, p.n, p.k) == GemmLibrary::this_thread) {

@@ -18,7 +18,7 @@ struct KernelVariant {
   bool (*supports)(KernelId kernel) noexcept;
   void (*sgemm)(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                 float alpha, const float* a, const float* b, float beta, float* c,
-                GemmLibrary library);
+                GemmLibrary library, const float* bias);
 };
 
 }  // namespace retrace::cpu
