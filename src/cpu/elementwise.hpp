@@ -16,6 +16,10 @@
 #include <limits>
 #include <type_traits>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 namespace retrace::cpu {
 
 // Element access in the arithmetic type of each storage type (bfloat16 and float16 compute in
@@ -95,6 +99,34 @@ struct Elem<float16> : HalfElem<float16> {};
   return x * (x < 0.0f ? half_tail : 1.0f - half_tail);
 }
 
+#ifdef __AVX512F__
+using Lanes16 = float __attribute__((vector_size(16 * sizeof(float))));
+// vector_exp on 16 lanes, bit for bit (checked on every float): the same reduction and
+// polynomial, with the scaling by 2^n done by vscalefps, which rounds once exactly where the two
+// exponent-bit products of vector_exp do (0.33 -> 0.24 ns per element on an AVX-512 Xeon).
+[[gnu::always_inline]] inline Lanes16 vector_exp16(Lanes16 x) {
+  const Lanes16 lo = Lanes16{} - 104.0f, hi = Lanes16{} + 89.0f;
+  Lanes16 c = x > lo ? x : lo;  // a NaN lane becomes lo here and x again at the end
+  c = c < hi ? c : hi;
+  constexpr float kRound = 12582912.0f;
+  const Lanes16 n = (c * 1.44269504088896341f + kRound) - kRound;
+  Lanes16 r = c - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  Lanes16 p = Lanes16{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // The zero-masking form with every lane on: the plain one starts from an undefined register,
+  // which GCC 12 warns about.
+  const auto result = reinterpret_cast<Lanes16>(_mm512_maskz_scalef_ps(
+      __mmask16(0xffff), reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(n)));
+  return x != x ? x : result;
+}
+#endif
+
 using retrace::apply_binary;
 
 template <UnaryOp op, class C>
@@ -160,7 +192,7 @@ inline C apply_unary(C x) {
 inline void softmax_row(const float* in, float* out, std::int64_t n) {
 #ifdef __AVX512F__
   constexpr int kLanes = 16;
-  using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
+  using Lanes = Lanes16;
   Lanes top = {};
   top -= std::numeric_limits<float>::infinity();
   std::int64_t i = 0;
@@ -174,12 +206,11 @@ inline void softmax_row(const float* in, float* out, std::int64_t n) {
   for (; i < n; ++i) max = max > in[i] ? max : in[i];
   Lanes lanes = {};
   for (i = 0; i + kLanes <= n; i += kLanes) {
-    float e[kLanes];
-    for (int l = 0; l < kLanes; ++l) e[l] = vector_exp(in[i + l] - max);
-    std::memcpy(out + i, e, sizeof e);
-    Lanes sums;
-    std::memcpy(&sums, e, sizeof e);
-    lanes += sums;
+    Lanes x;
+    std::memcpy(&x, in + i, sizeof x);
+    const Lanes e = vector_exp16(x - max);
+    std::memcpy(out + i, &e, sizeof e);
+    lanes += e;
   }
   float sum = 0.0f;
   for (int l = 0; l < kLanes; ++l) sum += lanes[l];

@@ -1,0 +1,66 @@
+// The AVX-512 softmax rows compute exp 16 lanes at a time (vector_exp16, with vscalefps); every
+// other kernel uses the per-element vector_exp. They must agree bit for bit, or a softmax would
+// round differently from exp(x - max) / sum computed through the ops. Checked on every variant
+// this CPU runs that has the 16-lane path: all float bit patterns near the clamps, the overflow
+// and subnormal thresholds and zero, and a sample of every 251st pattern over all 2^32.
+#include "cpu/isa.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#define RETRACE_CPU_VARIANT_ROW(entry, name, march)                                       \
+  extern "C" std::int64_t entry(std::uint32_t, std::uint32_t, std::uint64_t, std::uint32_t*, \
+                                float*, float*) noexcept;
+#include "retrace_test_exp_lanes_variants.inc"
+#undef RETRACE_CPU_VARIANT_ROW
+
+namespace {
+
+struct Row {
+  std::string_view name;
+  std::int64_t (*entry)(std::uint32_t, std::uint32_t, std::uint64_t, std::uint32_t*, float*,
+                        float*) noexcept;
+};
+constexpr Row kRows[] = {
+#define RETRACE_CPU_VARIANT_ROW(entry, name, march) {name, &entry},
+#include "retrace_test_exp_lanes_variants.inc"
+#undef RETRACE_CPU_VARIANT_ROW
+};
+
+TEST(ExpLanesTest, SixteenLaneExpMatchesTheElementwiseExpBitForBit) {
+  int checked = 0;
+  for (const Row& row : kRows) {
+    const std::string why = retrace::cpu::unsupported_reason(row.name, retrace::cpu::this_cpu());
+    if (!why.empty()) continue;  // this CPU cannot run the variant
+    struct Range {
+      std::uint32_t first, step;
+      std::uint64_t count;
+    };
+    std::vector<Range> ranges{{0u, 251u, (std::uint64_t{1} << 32) / 251}};
+    // 2^16 consecutive patterns on each side of: the clamps (-104, 89), where exp leaves the
+    // float range (88.72) and the normal range (-87.34), the subnormal end (-103.28), 0, +-inf.
+    for (float edge : {-104.0f, 89.0f, 88.7228391f, -87.3365448f, -103.278929f, 0.0f, -0.0f,
+                       1e-30f, -1e-30f, std::bit_cast<float>(0x7f800000u),
+                       std::bit_cast<float>(0xff800000u)}) {
+      ranges.push_back({std::bit_cast<std::uint32_t>(edge) - (1u << 16), 1u, 1u << 17});
+    }
+    for (const Range& r : ranges) {
+      std::uint32_t input = 0;
+      float scalar = 0, lanes = 0;
+      const std::int64_t differ = row.entry(r.first, r.step, r.count, &input, &scalar, &lanes);
+      if (differ < 0) break;  // no 16-lane exp in this variant
+      EXPECT_EQ(differ, 0) << row.name << ": first at input bits 0x" << std::hex << input
+                           << std::dec << " (" << std::bit_cast<float>(input) << "): exp "
+                           << scalar << ", 16 lanes " << lanes;
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no kernel variant with a 16-lane exp runs on this CPU";
+}
+
+}  // namespace
