@@ -401,6 +401,18 @@ TEST_F(OpMathTest, ReductionsAlongAnyDimension) {
                   }),
                   1e-5, "var correction 0");
   EXPECT_TRUE(std::isnan(ops::var(device_tensor(device(), {2.0f}, {1})).to_vector<float>()[0]));
+  // The divisor stops at 0, as torch's: n < correction is inf (never a negative variance), an
+  // empty or constant row NaN; std follows.
+  const Tensor pair = device_tensor(device(), {1.0f, 3.0f, 2.0f, 2.0f}, {2, 2});
+  const std::vector<float> short_rows = ops::var(pair, 1, 3.0).to_vector<float>();
+  EXPECT_EQ(short_rows[0], kInf);
+  EXPECT_TRUE(std::isnan(short_rows[1]));
+  EXPECT_EQ(ops::std(pair, 1, 3.0).to_vector<float>()[0], kInf);
+  for (const Tensor& r : {ops::var(ops::full({3, 0}, 1.0, device()), 1),
+                          ops::std(ops::full({0, 2}, 1.0, device()), 0),
+                          ops::var(ops::full({0}, 1.0, device()), 0, 0.0)}) {
+    for (float v : r.to_vector<float>()) EXPECT_TRUE(std::isnan(v)) << v;
+  }
   // min propagates NaN and gives +inf over nothing.
   EXPECT_TRUE(std::isnan(ops::min(floats({1.0f, kNaN, -1.0f})).to_vector<float>()[0]));
   EXPECT_EQ(ops::min(ops::full({2, 0}, 0.0, device())).to_vector<float>(),

@@ -227,8 +227,10 @@ void rms_norm(const Tensor& a, const Tensor& weight, double eps, const Tensor& o
                          QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor argmax(const Tensor& a, std::int64_t dim, KeepDim keepdim = KeepDim::no,
                             QueueId queue = kDefaultQueue);
-// Variance sum((x - mean)^2) / (n - correction) (torch's default correction 1: unbiased;
-// n <= correction gives inf or NaN, as torch); std is its square root. Two passes.
+// Variance sum((x - mean)^2) / max(0, n - correction) (torch's default correction 1: unbiased;
+// n <= correction gives inf, or NaN where the sum is 0: an empty or constant row, as torch);
+// std is its square root. Two passes, in the input's precision (float32 for float32: squares
+// past 3.4e38 overflow to inf, where torch, summing in double, returns a finite std).
 [[nodiscard]] Tensor var(const Tensor& a, std::int64_t dim = -1, double correction = 1.0,
                          KeepDim keepdim = KeepDim::no, QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor std(const Tensor& a, std::int64_t dim = -1, double correction = 1.0,

@@ -227,8 +227,10 @@ Tensor var(const Tensor& a, std::int64_t dim, double correction, KeepDim keepdim
                 a.shape());
   const std::int64_t n = a.shape()[normalize_dim(dim, a.shape().rank(), "var")];
   const Tensor centred = sub(a, mean(a, dim, KeepDim::yes, queue), queue);
+  // As torch: the divisor stops at 0 (n <= correction: inf, or NaN for an empty or constant
+  // row), never a negative variance.
   return div(sum(square(centred, queue), dim, keepdim, queue),
-             static_cast<double>(n) - correction, queue);
+             std::max(0.0, static_cast<double>(n) - correction), queue);
 }
 
 Tensor std(const Tensor& a, std::int64_t dim, double correction, KeepDim keepdim, QueueId queue) {
