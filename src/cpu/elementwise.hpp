@@ -41,6 +41,24 @@ struct Elem<bfloat16> : HalfElem<bfloat16> {};
 template <>
 struct Elem<float16> : HalfElem<float16> {};
 
+// The part of vector_exp shared with its 16-lane form (V: float or a vector of floats): from the
+// clamped argument c, n = round(c / ln 2) and the polynomial p ~ exp(c - n ln 2).
+template <class V>
+[[gnu::always_inline]] inline V exp_reduced(V c, V& n) {
+  // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, so it vectorises).
+  constexpr float kRound = 12582912.0f;
+  n = (c * 1.44269504088896341f + kRound) - kRound;
+  V r = c - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * r * r + r + 1.0f;
+}
+
 // exp for float in a form the compiler vectorises (no libm call): range reduction to
 // r in [-ln2/2, ln2/2], a degree-6 polynomial (Cephes expf), scaling by 2^n through the exponent
 // bits, in two steps so that results past FLT_MAX overflow to inf (exp(88.5), exp(inf)) and
@@ -49,18 +67,8 @@ struct Elem<float16> : HalfElem<float16> {};
 [[gnu::always_inline]] inline float vector_exp(float x) {
   const bool nan = x != x;
   const float c = nan ? 0.0f : std::min(std::max(x, -104.0f), 89.0f);
-  // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, so it vectorises).
-  constexpr float kRound = 12582912.0f;
-  const float n = (c * 1.44269504088896341f + kRound) - kRound;
-  float r = c - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  float n;
+  const float p = exp_reduced(c, n);
   // 2^n = 2^a * 2^b with a, b in [-75, 65]: both normal floats; the products are exact unless
   // the result leaves the normal range, where it rounds once (to inf, or a subnormal).
   const auto ni = static_cast<std::int32_t>(n);
@@ -108,17 +116,8 @@ using Lanes16 = float __attribute__((vector_size(16 * sizeof(float))));
   const Lanes16 lo = Lanes16{} - 104.0f, hi = Lanes16{} + 89.0f;
   Lanes16 c = x > lo ? x : lo;  // a NaN lane becomes lo here and x again at the end
   c = c < hi ? c : hi;
-  constexpr float kRound = 12582912.0f;
-  const Lanes16 n = (c * 1.44269504088896341f + kRound) - kRound;
-  Lanes16 r = c - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  Lanes16 p = Lanes16{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  Lanes16 n;
+  const Lanes16 p = exp_reduced(c, n);
   // The zero-masking form with every lane on: the plain one starts from an undefined register,
   // which GCC 12 warns about.
   const auto result = reinterpret_cast<Lanes16>(_mm512_maskz_scalef_ps(
