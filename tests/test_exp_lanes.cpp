@@ -1,8 +1,9 @@
-// The AVX-512 softmax rows compute exp 16 lanes at a time (vector_exp16, with vscalefps); every
-// other kernel uses the per-element vector_exp. They must agree bit for bit, or a softmax would
-// round differently from exp(x - max) / sum computed through the ops. Checked on every variant
-// this CPU runs that has the 16-lane path: all float bit patterns near the clamps, the overflow
-// and subnormal thresholds and zero, and a sample of every 251st pattern over all 2^32.
+// On AVX-512 the softmax rows and the float unary loops of exp, sigmoid, silu and gelu_tanh run
+// 16 lanes at a time (vector_exp16, with vscalefps); a loop's tail, the other dtypes and the
+// other variants use the per-element forms. They must agree bit for bit, or a result would
+// depend on where an element falls in a loop. Checked on every variant this CPU runs that has
+// the 16-lane forms: all float bit patterns near the clamps, the overflow and subnormal
+// thresholds and zero, and every 251st pattern over all 2^32.
 #include "cpu/isa.hpp"
 
 #include <gtest/gtest.h>
@@ -14,8 +15,8 @@
 #include <vector>
 
 #define RETRACE_CPU_VARIANT_ROW(entry, name, march)                                       \
-  extern "C" std::int64_t entry(std::uint32_t, std::uint32_t, std::uint64_t, std::uint32_t*, \
-                                float*, float*) noexcept;
+  extern "C" std::int64_t entry(int, std::uint32_t, std::uint32_t, std::uint64_t,          \
+                                std::uint32_t*, float*, float*) noexcept;
 #include "retrace_test_exp_lanes_variants.inc"
 #undef RETRACE_CPU_VARIANT_ROW
 
@@ -23,8 +24,8 @@ namespace {
 
 struct Row {
   std::string_view name;
-  std::int64_t (*entry)(std::uint32_t, std::uint32_t, std::uint64_t, std::uint32_t*, float*,
-                        float*) noexcept;
+  std::int64_t (*entry)(int, std::uint32_t, std::uint32_t, std::uint64_t, std::uint32_t*,
+                        float*, float*) noexcept;
 };
 constexpr Row kRows[] = {
 #define RETRACE_CPU_VARIANT_ROW(entry, name, march) {name, &entry},
@@ -32,7 +33,7 @@ constexpr Row kRows[] = {
 #undef RETRACE_CPU_VARIANT_ROW
 };
 
-TEST(ExpLanesTest, SixteenLaneExpMatchesTheElementwiseExpBitForBit) {
+TEST(ExpLanesTest, SixteenLaneFormsMatchThePerElementFormsBitForBit) {
   int checked = 0;
   for (const Row& row : kRows) {
     const std::string why = retrace::cpu::unsupported_reason(row.name, retrace::cpu::this_cpu());
@@ -49,18 +50,23 @@ TEST(ExpLanesTest, SixteenLaneExpMatchesTheElementwiseExpBitForBit) {
                        std::bit_cast<float>(0xff800000u)}) {
       ranges.push_back({std::bit_cast<std::uint32_t>(edge) - (1u << 16), 1u, 1u << 17});
     }
-    for (const Range& r : ranges) {
-      std::uint32_t input = 0;
-      float scalar = 0, lanes = 0;
-      const std::int64_t differ = row.entry(r.first, r.step, r.count, &input, &scalar, &lanes);
-      if (differ < 0) break;  // no 16-lane exp in this variant
-      EXPECT_EQ(differ, 0) << row.name << ": first at input bits 0x" << std::hex << input
-                           << std::dec << " (" << std::bit_cast<float>(input) << "): exp "
-                           << scalar << ", 16 lanes " << lanes;
-      ++checked;
+    constexpr const char* kOps[] = {"exp", "sigmoid", "silu", "gelu_tanh"};
+    for (int op = 0; op < 4; ++op) {
+      for (const Range& r : ranges) {
+        std::uint32_t input = 0;
+        float scalar = 0, lanes = 0;
+        const std::int64_t differ =
+            row.entry(op, r.first, r.step, r.count, &input, &scalar, &lanes);
+        if (differ == -1) break;  // no 16-lane forms in this variant
+        EXPECT_EQ(differ, 0) << row.name << " " << kOps[op] << ": first at input bits 0x"
+                             << std::hex << input << std::dec << " ("
+                             << std::bit_cast<float>(input) << "): per element " << scalar
+                             << ", 16 lanes " << lanes;
+        ++checked;
+      }
     }
   }
-  if (checked == 0) GTEST_SKIP() << "no kernel variant with a 16-lane exp runs on this CPU";
+  if (checked == 0) GTEST_SKIP() << "no kernel variant with the 16-lane forms runs on this CPU";
 }
 
 }  // namespace

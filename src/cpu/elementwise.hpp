@@ -252,10 +252,44 @@ void binary_scalar_loop(const T* a, T* out, std::int64_t n, typename Elem<T>::co
   for (std::int64_t i = 0; i < n; ++i) E::store(out, i, apply_binary<op>(E::load(a, i), s));
 }
 
+#ifdef __AVX512F__
+// The unary ops built on exp, 16 lanes at a time through vector_exp16: the same expressions as
+// apply_unary's, so the same bits (tests/kernels/exp_lanes.cpp checks them), 1.3x faster (gelu
+// tanh in cache on an AVX-512 Xeon).
+template <UnaryOp op>
+inline constexpr bool kHasLanesForm = op == UnaryOp::exp || op == UnaryOp::sigmoid ||
+                                      op == UnaryOp::silu || op == UnaryOp::gelu_tanh;
+template <UnaryOp op>
+[[gnu::always_inline]] inline Lanes16 apply_unary_lanes(Lanes16 x) {
+  static_assert(kHasLanesForm<op>);
+  if constexpr (op == UnaryOp::exp) {
+    return vector_exp16(x);
+  } else if constexpr (op == UnaryOp::sigmoid) {
+    return 1.0f / (1.0f + vector_exp16(-x));
+  } else if constexpr (op == UnaryOp::silu) {
+    return x / (1.0f + vector_exp16(-x));
+  } else {
+    const Lanes16 inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + vector_exp16(-2.0f * inner));
+  }
+}
+#endif
+
 template <UnaryOp op, class T>
 void unary_loop(const T* a, T* out, std::int64_t n) {
   using E = Elem<T>;
-  for (std::int64_t i = 0; i < n; ++i) E::store(out, i, apply_unary<op>(E::load(a, i)));
+  std::int64_t i = 0;
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float> && kHasLanesForm<op>) {
+    for (; i + 16 <= n; i += 16) {  // a and out may be the same: each block is read first
+      Lanes16 x;
+      std::memcpy(&x, a + i, sizeof x);
+      const Lanes16 y = apply_unary_lanes<op>(x);
+      std::memcpy(out + i, &y, sizeof y);
+    }
+  }
+#endif
+  for (; i < n; ++i) E::store(out, i, apply_unary<op>(E::load(a, i)));
 }
 
 }  // namespace retrace::cpu

@@ -1,6 +1,6 @@
 // Compiled once per CPU kernel variant (cmake/RetraceCpuVariants.cmake), like the kernels: the
-// 16-lane exp that AVX-512 softmax rows use against the per-element exp that every other
-// kernel uses, so the test can check them on the variant that has both.
+// 16-lane forms that AVX-512 softmax rows and unary loops use (exp, sigmoid, silu, gelu_tanh)
+// against the per-element ones, so the test can check them on the variant that has both.
 #include "cpu/elementwise.hpp"
 
 #include <cstdint>
@@ -10,17 +10,13 @@
 #error "compile this file through retrace_cpu_variants() (cmake/RetraceCpuVariants.cmake)"
 #endif
 
-// Compares vector_exp16 with vector_exp on the float bit patterns first, first + step, ...
-// (count of them, wrapping around 2^32). Returns how many differ (the first one's input and
-// both results through *bad_*), or -1 when this variant has no 16-lane exp.
-extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(std::uint32_t first, std::uint32_t step,
-                                                  std::uint64_t count, std::uint32_t* bad_input,
-                                                  float* bad_scalar, float* bad_lanes) noexcept;
+namespace {
 
-extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(std::uint32_t first, std::uint32_t step,
-                                                  std::uint64_t count, std::uint32_t* bad_input,
-                                                  float* bad_scalar, float* bad_lanes) noexcept {
 #ifdef __AVX512F__
+template <class Lanes, class Scalar>
+std::int64_t compare_forms(Lanes lanes_form, Scalar scalar_form, std::uint32_t first,
+                           std::uint32_t step, std::uint64_t count, std::uint32_t* bad_input,
+                           float* bad_scalar, float* bad_lanes) {
   using retrace::cpu::Lanes16;
   std::int64_t differ = 0;
   std::uint32_t bits = first;
@@ -33,22 +29,52 @@ extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(std::uint32_t first, std::uint
     }
     Lanes16 x;
     std::memcpy(&x, in, sizeof x);
-    const Lanes16 y = retrace::cpu::vector_exp16(x);
+    const Lanes16 y = lanes_form(x);
     std::memcpy(lanes, &y, sizeof y);
     for (int l = 0; l < 16 && done + static_cast<std::uint64_t>(l) < count; ++l) {
-      const float scalar = retrace::cpu::vector_exp(in[l]);
-      if (std::memcmp(&scalar, &lanes[l], sizeof scalar) != 0) {
-        if (differ++ == 0) {
-          *bad_input = patterns[l];
-          *bad_scalar = scalar;
-          *bad_lanes = lanes[l];
-        }
+      const float scalar = scalar_form(in[l]);
+      if (std::memcmp(&scalar, &lanes[l], sizeof scalar) != 0 && differ++ == 0) {
+        *bad_input = patterns[l];
+        *bad_scalar = scalar;
+        *bad_lanes = lanes[l];
       }
     }
   }
   return differ;
+}
+#endif
+
+}  // namespace
+
+// Compares op `op` (0 exp, 1 sigmoid, 2 silu, 3 gelu_tanh) in 16 lanes with the per-element form
+// on the float bit patterns first, first + step, ... (count of them, wrapping around 2^32).
+// Returns how many differ (the first one's input and both results through *bad_*), or -1 when
+// this variant has no 16-lane forms.
+extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(int op, std::uint32_t first, std::uint32_t step,
+                                                  std::uint64_t count, std::uint32_t* bad_input,
+                                                  float* bad_scalar, float* bad_lanes) noexcept;
+
+extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(int op, std::uint32_t first, std::uint32_t step,
+                                                  std::uint64_t count, std::uint32_t* bad_input,
+                                                  float* bad_scalar, float* bad_lanes) noexcept {
+#ifdef __AVX512F__
+  using retrace::UnaryOp;
+  using retrace::cpu::Lanes16;
+  auto compare = [&]<UnaryOp kOp>() {
+    return compare_forms([](Lanes16 x) { return retrace::cpu::apply_unary_lanes<kOp>(x); },
+                         [](float x) { return retrace::cpu::apply_unary<kOp>(x); }, first, step,
+                         count, bad_input, bad_scalar, bad_lanes);
+  };
+  switch (op) {
+    case 0: return compare.template operator()<UnaryOp::exp>();
+    case 1: return compare.template operator()<UnaryOp::sigmoid>();
+    case 2: return compare.template operator()<UnaryOp::silu>();
+    case 3: return compare.template operator()<UnaryOp::gelu_tanh>();
+    default: return -2;
+  }
 #else
-  (void)first, (void)step, (void)count, (void)bad_input, (void)bad_scalar, (void)bad_lanes;
+  (void)op, (void)first, (void)step, (void)count, (void)bad_input, (void)bad_scalar,
+      (void)bad_lanes;
   return -1;
 #endif
 }
