@@ -5,9 +5,9 @@
 // straight on the kernel library, FloorDiT) and libtorch (the same model and weights in
 // libtorch's C++ API, when the build found libtorch; its output must match ours within a
 // relative error of 1e-4 or the bench fails). retrace's modes take turns in one process, each
-// for a few consecutive steps at a time (see measure); libtorch runs in a child process of its own per size and thread count (see
-// measure_libtorch). Medians and ratios go to JSON, and a gnuplot chart when gnuplot is
-// installed.
+// for a few consecutive steps at a time (see measure); libtorch runs in a child process of its
+// own per size and thread count (see measure_libtorch). Medians and ratios go to JSON, and a
+// gnuplot chart when gnuplot is installed.
 #include "floor_dit.hpp"
 #include "dit_bench.hpp"
 

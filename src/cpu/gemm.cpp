@@ -32,6 +32,15 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using ConstMap = Eigen::Map<const RowMatrix>;
 using Map = Eigen::Map<RowMatrix>;
 
+// For a library that adds the product to C: with a bias (beta is then 0), C's rows start as the
+// bias and the product is added with beta 1; returns the beta to pass on.
+float start_from_bias(const float* bias, std::int64_t m, std::int64_t n, float* c,
+                      std::int64_t ldc, float beta) {
+  if (bias == nullptr) return beta;
+  for (std::int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
+  return 1.0f;
+}
+
 void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, const float* b, float beta, float* c) {
   Map out(c, m, n);
@@ -114,15 +123,18 @@ bool onednn_preferred() {
   return preferred;
 }
 
-// C = alpha op(A) op(B) + beta C (+ bias, one value per column, when given: beta 0, alpha 1)
+// C = alpha op(A) op(B) + beta C (+ bias, one value per column, when given; beta is then 0)
 // through oneDNN on the calling thread; false (nothing written) when oneDNN refuses the product
-// (it then goes to another library).
+// (it then goes to another library). With alpha 1 the bias is the matmul's bias argument, added
+// as C is written; with another alpha (where oneDNN's output scale and bias would raise which
+// comes first) C starts as the bias rows and the product is added.
 bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                  float* c, std::int64_t ldc, const float* bias) {
   thread_local std::unordered_map<OnednnKey, OnednnGemm, OnednnKeyHash> cache;
-  const bool accumulate = beta != 0.0f;
-  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, bias != nullptr, alpha};
+  const bool fused = bias != nullptr && alpha == 1.0f;
+  const bool accumulate = beta != 0.0f || (bias != nullptr && !fused);
+  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, fused, alpha};
   auto it = cache.find(key);
   if (it == cache.end()) {
     // Bounded: a program whose shapes keep changing (a growing sequence) starts over rather
@@ -135,7 +147,9 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
       return false;
     }
   }
-  if (accumulate && beta != 1.0f) {  // the sum post-op adds C as it is
+  if (bias != nullptr && !fused) {
+    (void)start_from_bias(bias, m, n, c, ldc, beta);
+  } else if (accumulate && beta != 1.0f) {  // the sum post-op adds C as it is
     for (std::int64_t r = 0; r < m; ++r) {
       for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
     }
@@ -148,7 +162,7 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   // One OpenMP thread for the call; the calling thread's setting is put back.
   const int previous_threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  if (bias != nullptr) {
+  if (fused) {
     g.bias.set_data_handle(const_cast<float*>(bias));
     g.primitive.execute(stream, {{DNNL_ARG_SRC, g.a},
                                  {DNNL_ARG_WEIGHTS, g.b},
@@ -198,31 +212,14 @@ bool preferred_onednn_gemm([[maybe_unused]] GemmArgs... args) {
 #endif
 }
 
-// C's rows start as the bias (for the libraries that add a product to C, with beta 1).
-void fill_bias_rows(const float* bias, std::int64_t m, std::int64_t n, float* c,
-                    std::int64_t ldc) {
-  for (std::int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
-}
-
-// oneDNN adds a bias as it writes C when alpha is 1 (its output scale and bias would otherwise
-// raise the question of which comes first).
-bool fused_bias(const float* bias, float alpha) { return bias != nullptr && alpha == 1.0f; }
-
 // One block of a split product on the calling thread: oneDNN where it is the faster library,
 // else OpenBLAS held to one thread.
 void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                 float* c, std::int64_t ldc, const float* bias) {
-  if (fused_bias(bias, alpha) &&
-      preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, bias)) {
-    return;
-  }
-  if (bias != nullptr) {
-    fill_bias_rows(bias, m, n, c, ldc);
-    beta = 1.0f;
-  }
-  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr)) {
-    openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) {
+    openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb,
+                  start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
   }
 }
 
@@ -266,41 +263,22 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
       return;
     }
   }
-  // Below ~32k multiply-adds Eigen's inlined product beats a library call.
-  const bool onednn_size = m * n * k >= (std::int64_t{1} << 15);
-  if (fused_bias(bias, alpha)) {
-    if (library == GemmLibrary::this_thread && onednn_size &&
-        preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n,
-                              bias)) {
-      return;
-    }
-#if RETRACE_HAVE_ONEDNN
-    if (library == GemmLibrary::onednn &&
-        onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, bias)) {
-      return;
-    }
-#endif
-  }
-  if (bias != nullptr) {
-    fill_bias_rows(bias, m, n, c, n);
-    beta = 1.0f;
-  }
   switch (library) {
     case GemmLibrary::this_thread:
-      if (onednn_size && preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
-                                               beta, c, n, nullptr)) {
+      // Below ~32k multiply-adds Eigen's inlined product beats a library call.
+      if (m * n * k >= (std::int64_t{1} << 15) &&
+          preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n,
+                                bias)) {
         return;
       }
-      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
-      return;
+      [[fallthrough]];
     case GemmLibrary::eigen:
-      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b,
+                 start_from_bias(bias, m, n, c, n, beta), c);
       return;
     case GemmLibrary::onednn:
 #if RETRACE_HAVE_ONEDNN
-      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, nullptr)) {
-        return;
-      }
+      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, bias)) return;
 #endif
       break;  // not built, or refused: OpenBLAS below
     case GemmLibrary::openblas:
@@ -308,7 +286,8 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
       break;
   }
   // OpenBLAS as the process has it configured (its own threads): what benchmarks compare with.
-  openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
+  openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                start_from_bias(bias, m, n, c, n, beta), c, n);
 }
 
 }  // namespace retrace::cpu

@@ -53,6 +53,9 @@ void matmul_kernel(const std::byte* raw) {
   std::int64_t batches = 1;
   for (int d = 0; d < p.batch_rank; ++d) batches *= p.batch_shape[d];
   const std::int64_t mn = p.m * p.n, mk = p.m * p.k, kn = p.k * p.n;
+  // Converted once (in this thread's scratch; the batches only read it).
+  const float* bias =
+      p.bias == nullptr ? nullptr : as_float(static_cast<const T*>(p.bias), p.n, 3);
   auto one = [&](std::int64_t batch, GemmLibrary library) {
     std::int64_t offsets[2];
     row_offsets(batch, p.batch_shape, p.batch_rank, {p.a_batch_strides, p.b_batch_strides},
@@ -61,8 +64,6 @@ void matmul_kernel(const std::byte* raw) {
     const float* b = as_float(static_cast<const T*>(p.b) + offsets[1], kn, 1);
     T* out = static_cast<T*>(p.out) + batch * mn;
     float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(2, mn);
-    const float* bias =
-        p.bias == nullptr ? nullptr : as_float(static_cast<const T*>(p.bias), p.n, 3);
     sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, 0.0f, c, library, bias);
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
   };
