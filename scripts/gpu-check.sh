@@ -12,9 +12,13 @@
 #   summary.txt      one line per stage, PASS or FAIL
 # Exits non-zero if any stage failed. About 3-5 minutes on an H200 machine with 16 cores.
 #
-# Dependencies: the machine's own packages (scripts/setup.sh installs missing ones through
-# apt-get unless RETRACE_SKIP_SETUP=1), or, on a machine without a package registry, the Debian
-# packages scripts/gpu-deps.sh put into .gpu-deps/ beforehand (unpacked into a private prefix).
+# Programs: those scripts/gpu-pack.sh built elsewhere and packed into .gpu-pack/ (with the
+# libraries they need besides the CUDA toolkit's), when that folder is there and they load here;
+# otherwise built here. Building needs the machine's own packages (scripts/setup.sh installs
+# missing ones through apt-get unless RETRACE_SKIP_SETUP=1), or, on a machine without a package
+# registry, the Debian packages scripts/gpu-deps.sh put into .gpu-deps/ beforehand (unpacked
+# into a private prefix). Where compute-sanitizer is found, the conformance suite runs once more
+# under its memcheck tool (stage "memcheck").
 # Environment: RETRACE_GPU_BUILD_DIR (default build-gpu), CMAKE_CUDA_ARCHITECTURES (default
 # "90-real;75-virtual").
 set -uo pipefail
@@ -49,8 +53,37 @@ else
   echo "gpu-check: nvidia-smi not found; is this a machine with an NVIDIA GPU?" | tee "$out/gpu.txt"
 fi
 
+# The CUDA runtime and cuBLAS of the machine's toolkit, wherever its layout put them.
+cuda_libs() {
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
+    compgen -G "$d/libcublas.so*" >/dev/null && printf '%s:' "$d"
+  done
+}
+export LD_LIBRARY_PATH="$(cuda_libs)${LD_LIBRARY_PATH:-}"
+
+bin=""
+if [[ -f "$root/.gpu-pack/payload.tar.xz" ]]; then
+  packed=${TMPDIR:-/tmp}/retrace-gpu-pack
+  rm -rf "$packed" && mkdir -p "$packed"
+  if xz -dc "$root/.gpu-pack/payload.tar.xz" | tar -C "$packed" -xf -; then
+    missing=$(LD_LIBRARY_PATH="$packed/lib:$LD_LIBRARY_PATH" ldd "$packed"/bin/* 2>&1 | grep "not found" | sort -u)
+    if [[ -z "$missing" ]]; then
+      bin="$packed/bin"
+      export LD_LIBRARY_PATH="$packed/lib:$LD_LIBRARY_PATH"
+      echo "gpu-check: running the programs packed in .gpu-pack (commit $(cat "$root/.gpu-pack/commit" 2>/dev/null))" \
+        | tee -a "$out/summary.txt"
+    else
+      echo "gpu-check: the packed programs do not load here, building instead:"; echo "$missing"
+    fi
+  fi
+fi
+
 cmake_extra=()
-if compgen -G "$root/.gpu-deps/*.deb" >/dev/null; then
+if [[ -n "$bin" ]]; then
+  :
+elif compgen -G "$root/.gpu-deps/*.deb" >/dev/null; then
   # Packages brought along by scripts/gpu-deps.sh: unpacked into a private prefix, never into /.
   deps=${TMPDIR:-/tmp}/retrace-gpu-deps
   mkdir -p "$deps"
@@ -85,17 +118,31 @@ build_targets() {
     retrace_test_ops retrace_test_tracer retrace_test_traced_function retrace_test_lifetimes \
     retrace_cli retrace_bench_cuda 2>&1 | tail -n 30
 }
-stage configure configure || { cat "$out/summary.txt"; exit 1; }
-stage build build_targets || { cat "$out/summary.txt"; exit 1; }
+if [[ -z "$bin" ]]; then
+  stage configure configure || { cat "$out/summary.txt"; exit 1; }
+  stage build build_targets || { cat "$out/summary.txt"; exit 1; }
+  bin="$build/bin"
+fi
 
-run_tests() {  # each program once (one CUDA context each); a case skipped for want of a GPU fails
+suites=(conformance ops tracer traced_function lifetimes)
+run_tests() {  # the programs side by side (one CUDA context each); a case skipped for want of a GPU fails
   local ok=0 name filter log
-  for name in conformance ops tracer traced_function lifetimes; do
+  local -a pids=()
+  for name in "${suites[@]}"; do
     filter='*'
     [[ $name == conformance ]] && filter='*/cuda'
+    RETRACE_TEST_BACKEND=cuda timeout "${RETRACE_GPU_TEST_TIMEOUT:-300}" \
+      "$bin/retrace_test_$name" "--gtest_filter=$filter" \
+      "--gtest_output=json:$out/tests-$name.json" >"$out/tests-$name.txt" 2>&1 &
+    pids+=($!)
+  done
+  local i
+  for i in "${!suites[@]}"; do
+    name=${suites[$i]}
     log="$out/tests-$name.txt"
-    RETRACE_TEST_BACKEND=cuda "$build/bin/retrace_test_$name" "--gtest_filter=$filter" \
-      "--gtest_output=json:$out/tests-$name.json" >"$log" 2>&1 || ok=1
+    local rc=0
+    wait "${pids[$i]}" || rc=$?
+    if ((rc != 0)); then ok=1; echo "$name: exit status $rc (124: timed out)"; fi
     grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test|^\[==========\]' "$log" \
       | sed "s/^/$name: /"
     # Cases that do not apply to the GPU (guard bytes, CPU options) skip with their reason;
@@ -106,20 +153,40 @@ run_tests() {  # each program once (one CUDA context each); a case skipped for w
       ok=1
     fi
   done
+  for name in "${suites[@]}"; do  # the failures, for the reply's tail
+    grep -E '^\[  FAILED  \]' "$out/tests-$name.txt" | sort -u | head -n 25 | sed "s/^/$name: /"
+  done
   cat "$out"/tests-*.txt >"$out/tests.txt"
+  rm -f "$out"/tests-*.txt
   return $ok
 }
 stage tests run_tests || true
 
 run_demo() {
-  "$build/bin/retrace" demo --device cuda 2>&1 | tee "$out/demo.txt"
+  timeout 300 "$bin/retrace" demo --device cuda 2>&1 | tee "$out/demo.txt"
 }
 stage demo run_demo || true
 
 run_bench() {
-  "$build/bin/retrace_bench_cuda" --json "$out/bench_cuda.json" 2>&1 | tee "$out/bench.txt"
+  timeout 300 "$bin/retrace_bench_cuda" --json "$out/bench_cuda.json" 2>&1 | tee "$out/bench.txt"
 }
 stage bench run_bench || true
+
+run_example() {
+  timeout 60 "$bin/retrace_example_readme_cuda" 2>&1 | tee "$out/example.txt"
+}
+if [[ -x "$bin/retrace_example_readme_cuda" ]]; then stage example run_example || true; fi
+
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+run_memcheck() {
+  RETRACE_TEST_BACKEND=cuda timeout "${RETRACE_GPU_MEMCHECK_TIMEOUT:-240}" "$sanitizer" \
+    --tool memcheck --error-exitcode 9 "$bin/retrace_test_conformance" '--gtest_filter=*/cuda' \
+    >"$out/memcheck.txt" 2>&1
+  local rc=$?
+  grep -E '^\[  (PASSED|FAILED) +\]|ERROR SUMMARY' "$out/memcheck.txt"
+  return $rc
+}
+if [[ -n "$sanitizer" && "${RETRACE_GPU_MEMCHECK:-1}" == 1 ]]; then stage memcheck run_memcheck || true; fi
 
 echo "gpu-check: results in $out"
 cat "$out/summary.txt"
