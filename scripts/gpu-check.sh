@@ -17,8 +17,9 @@
 # otherwise built here. Building needs the machine's own packages (scripts/setup.sh installs
 # missing ones through apt-get unless RETRACE_SKIP_SETUP=1), or, on a machine without a package
 # registry, the Debian packages scripts/gpu-deps.sh put into .gpu-deps/ beforehand (unpacked
-# into a private prefix). Where compute-sanitizer is found, the conformance suite runs once more
-# under its memcheck tool (stage "memcheck").
+# into a private prefix). Where compute-sanitizer is found, the suites run once more under its
+# memcheck tool, and the op and conformance suites under racecheck and synccheck
+# (RETRACE_GPU_SANITIZE=0 skips these stages).
 # Environment: RETRACE_GPU_BUILD_DIR (default build-gpu), CMAKE_CUDA_ARCHITECTURES (default
 # "90-real;75-virtual").
 set -uo pipefail
@@ -142,7 +143,8 @@ run_tests() {  # the programs side by side (one CUDA context each); a case skipp
     log="$out/tests-$name.txt"
     local rc=0
     wait "${pids[$i]}" || rc=$?
-    if ((rc != 0)); then ok=1; echo "$name: exit status $rc (124: timed out)"; fi
+    if ((rc == 124)); then echo "$name: timed out"; fi
+    if ((rc != 0)); then ok=1; echo "$name: exit status $rc"; fi
     grep -E '^\[  (PASSED|FAILED) +\]|^\[  SKIPPED \] [0-9]+ test|^\[==========\]' "$log" \
       | sed "s/^/$name: /"
     # Cases that do not apply to the GPU (guard bytes, CPU options) skip with their reason;
@@ -178,15 +180,40 @@ run_example() {
 if [[ -x "$bin/retrace_example_readme_cuda" ]]; then stage example run_example || true; fi
 
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-run_memcheck() {
-  RETRACE_TEST_BACKEND=cuda timeout "${RETRACE_GPU_MEMCHECK_TIMEOUT:-240}" "$sanitizer" \
-    --tool memcheck --error-exitcode 9 "$bin/retrace_test_conformance" '--gtest_filter=*/cuda' \
-    >"$out/memcheck.txt" 2>&1
-  local rc=$?
-  grep -E '^\[  (PASSED|FAILED) +\]|ERROR SUMMARY' "$out/memcheck.txt"
-  return $rc
+# sanitize TOOL SUITE...: the suites side by side under compute-sanitizer's TOOL.
+sanitize() {
+  local tool=$1 ok=0 name filter rc
+  shift
+  local -a names=("$@") pids=()
+  for name in "${names[@]}"; do
+    filter='*'
+    [[ $name == conformance ]] && filter='*/cuda'
+    RETRACE_TEST_BACKEND=cuda timeout "${RETRACE_GPU_SANITIZER_TIMEOUT:-300}" "$sanitizer" \
+      --tool "$tool" --error-exitcode 9 "$bin/retrace_test_$name" "--gtest_filter=$filter" \
+      >"$out/$tool-$name.txt" 2>&1 &
+    pids+=($!)
+  done
+  local i
+  for i in "${!names[@]}"; do
+    name=${names[$i]}
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    if ((rc != 0)); then ok=1; echo "$name under $tool: exit status $rc (9: errors found, 124: timed out)"; fi
+    grep -E '^\[  (PASSED|FAILED) +\]|ERROR SUMMARY' "$out/$tool-$name.txt" | sed "s/^/$name: /"
+    grep -m 20 -E '^========= (Invalid|Race|Uninitialized|Barrier|Program hit)' "$out/$tool-$name.txt" \
+      | sed "s/^/$name: /"
+  done
+  cat "$out/$tool"-*.txt >"$out/$tool.txt"
+  rm -f "$out/$tool"-*.txt
+  return $ok
 }
-if [[ -n "$sanitizer" && "${RETRACE_GPU_MEMCHECK:-1}" == 1 ]]; then stage memcheck run_memcheck || true; fi
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [[ -n "$sanitizer" && "${RETRACE_GPU_SANITIZE:-1}" == 1 ]]; then
+  stage memcheck sanitize memcheck "${suites[@]}" || true
+  # Shared-memory races in the row kernels (softmax, norms, reductions), and barrier misuse.
+  stage racecheck sanitize racecheck ops conformance || true
+  stage synccheck sanitize synccheck ops || true
+fi
 
 echo "gpu-check: results in $out"
 cat "$out/summary.txt"

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <retrace/backend.hpp>
 #include <retrace/retrace.hpp>
+#if RETRACE_TEST_HAVE_CUDA
+#include <retrace/cuda.hpp>
+#endif
 
 #include <bit>
 #include <cstdint>
@@ -94,6 +97,28 @@ inline std::string test_skip_reason() {
   return test_backend() == "cpu" ? cpu_isa_skip_reason() : std::string();
 }
 
+// Device `id` of `backend` ("cuda:1"). Tests use several devices of one backend; on a machine
+// with fewer GPUs than that, the CUDA devices share the GPUs (device id 1 on GPU 1 % count), as
+// several retrace devices may: each has its own memory, queues and traces.
+inline std::unique_ptr<Device> open_backend_device(const std::string& backend, DeviceId id,
+                                                   DeviceOptions options = {}) {
+#if RETRACE_TEST_HAVE_CUDA
+  if (backend == "cuda") {
+    const int gpus = cuda_device_count();
+    if (gpus > 0 && static_cast<int>(id.value) >= gpus) {
+      CudaDeviceOptions settings;
+      settings.id = id;
+      settings.ordinal = static_cast<int>(id.value % static_cast<std::uint32_t>(gpus));
+      settings.memory_bytes = options.memory_bytes;
+      settings.trace_region_bytes = options.trace_region_bytes;
+      settings.num_queues = options.num_queues;
+      return open_cuda_device(settings);
+    }
+  }
+#endif
+  return open_device(backend + ":" + std::to_string(id.value), options);
+}
+
 struct TestDeviceSpec {
   DeviceId id{0};
   std::size_t guard_bytes = 0;  // where the backend's memory is host visible (CPU)
@@ -106,7 +131,7 @@ inline std::unique_ptr<Device> open_test_device(TestDeviceSpec spec = {}) {
   options.memory_bytes = std::size_t{512} << 20;
   options.trace_region_bytes = std::size_t{128} << 20;
   options.guard_bytes = test_backend() == "cpu" ? spec.guard_bytes : 0;
-  return open_device(test_backend() + ":" + std::to_string(spec.id.value), options);
+  return open_backend_device(test_backend(), spec.id, options);
 }
 
 // The name a test device with this id has: "cpu:1", "cuda:1".

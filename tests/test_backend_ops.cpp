@@ -132,7 +132,7 @@ TEST_P(BackendOpsTest, EveryOpAgreesWithTheCpuDevice) {
     GTEST_SKIP() << reason;
   }
   auto cpu = open_device("cpu");
-  auto other = open_device(backend + ":1");
+  auto other = testing::open_backend_device(backend, DeviceId{1});
   const bool exact = backend == "cpu";  // same kernels: bit for bit
   std::uint64_t salt = 1000;
   for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {

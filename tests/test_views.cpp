@@ -42,6 +42,19 @@ std::vector<std::uint8_t> bits(const Tensor& t) {
           reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size()};
 }
 
+// Two products of the same operands in another order of summation: each element within a few
+// roundings of the output type, relative to the largest output (at least 1).
+void expect_close_products(const Tensor& got, const Tensor& want, DType dtype) {
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+  ASSERT_EQ(g.size(), w.size());
+  const double eps = dtype == DType::float32 ? 0x1p-23 : dtype == DType::float16 ? 0x1p-10 : 0x1p-7;
+  double scale = 0.0;
+  for (float v : w) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    EXPECT_NEAR(g[i], w[i], 4.0 * eps * std::max(scale, 1.0)) << "element " << i;
+  }
+}
+
 class ViewTest : public testing::DeviceTest {
  protected:
   Tensor floats(const std::vector<float>& values, const Shape& shape,
@@ -326,7 +339,15 @@ TEST_F(ViewTest, EveryOpGivesOnAViewWhatItGivesOnADenseCopy) {
         }
         on_view = op(rv.view);
         ASSERT_EQ(on_view.shape(), on_dense.shape());
-        EXPECT_EQ(bits(on_view), bits(on_dense));
+        const std::string_view op_name(name);
+        if (testing::test_backend() != "cpu" && (op_name == "matmul" || op_name == "linear")) {
+          // A view that is not a plain transpose is copied dense first, so the product may read
+          // its operands in another orientation than on the dense copy. cuBLAS picks its kernel
+          // (and summation order) by orientation: equal to rounding, not bit for bit.
+          expect_close_products(on_view, on_dense, dtype);
+        } else {
+          EXPECT_EQ(bits(on_view), bits(on_dense));
+        }
       }
     }
   }

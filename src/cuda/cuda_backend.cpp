@@ -93,6 +93,14 @@ void CudaBackend::create_queues() {
                        "creating the stream of {}", q.label);
     RETRACE_CUBLAS_CHECK(cublasCreate(&q.blas), "creating the cuBLAS handle of {}", q.label);
     RETRACE_CUBLAS_CHECK(cublasSetStream(q.blas, q.stream), "{}", q.label);
+    // Split-K partial sums in float32 too: by default cuBLAS may reduce them in a half-precision
+    // output's type, a second rounding of every partial (seen on an H200: a bfloat16 linear
+    // with cancelling terms 8x past one output rounding).
+    RETRACE_CUBLAS_CHECK(
+        cublasSetMathMode(q.blas, static_cast<cublasMath_t>(
+                                      CUBLAS_DEFAULT_MATH |
+                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+        "{}", q.label);
     if (options_.cublas_workspace_bytes > 0) {
       RETRACE_CUDA_CHECK(cudaMalloc(&q.blas_workspace, options_.cublas_workspace_bytes),
                          "allocating the cuBLAS workspace of {}", q.label);

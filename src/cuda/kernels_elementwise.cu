@@ -36,7 +36,11 @@ __device__ inline float apply_unary(float x) {
   } else if constexpr (op == UnaryOp::silu) {
     return x / (1.0f + expf(-x));
   } else if constexpr (op == UnaryOp::gelu) {
-    return 0.5f * x * erfcf(-x * 0.70710678118654752f);  // no cancellation in the negative tail
+    // From erfc, so the negative tail has no cancellation, and in double: erfcf of a rounded
+    // float -x / sqrt 2 is 10 ulps off near x = -4 (the argument's rounding error grows by 2 z^2
+    // through erfc). Elementwise kernels are memory-bound; the double math costs nothing there.
+    return static_cast<float>(0.5 * static_cast<double>(x) *
+                              erfc(-static_cast<double>(x) * 0.70710678118654752));
   } else if constexpr (op == UnaryOp::sin) {
     return sinf(x);
   } else if constexpr (op == UnaryOp::cos) {

@@ -13,13 +13,13 @@ Backend registered(const BackendStatus& status) {
                    DeviceOptions options;
                    options.memory_bytes = spec.memory_bytes;
                    options.trace_region_bytes = spec.trace_region_bytes;
-                   auto probe = open_device(name + ":" + std::to_string(spec.id.value), options);
+                   auto probe = testing::open_backend_device(name, spec.id, options);
                    if (spec.guard_bytes == 0 || !probe->supports(Capability::host_visible_memory)) {
                      return probe;
                    }
                    probe.reset();
                    options.guard_bytes = spec.guard_bytes;
-                   return open_device(name + ":" + std::to_string(spec.id.value), options);
+                   return testing::open_backend_device(name, spec.id, options);
                  }};
 }
 
