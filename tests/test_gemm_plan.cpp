@@ -4,6 +4,7 @@
 #include "cuda/gemm_plan.hpp"
 #include "support.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -105,6 +106,33 @@ TEST(GemmPlanTest, PlannedCallsComputeTheRowMajorBatchedProduct) {
     for (const GemmCall& call : plan_matmul(p)) emulate(call, a, b, got);
     ASSERT_EQ(got, want) << "round " << round << ": m " << p.m << " n " << p.n << " k " << p.k
                          << " trans " << p.trans_a << p.trans_b << " batch rank " << p.batch_rank;
+  }
+}
+
+TEST(GemmPlanTest, RowChunksOfAnUnbatchedProductComputeItsRows) {
+  std::mt19937_64 rng(testing::test_seed() + 79);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int round = 0; round < 200; ++round) {
+    MatmulParams p{};
+    p.m = pick(1, 9);
+    p.n = pick(1, 5);
+    p.k = pick(1, 5);
+    p.trans_a = pick(0, 1) == 1;
+    p.trans_b = pick(0, 1) == 1;
+    std::vector<double> a(static_cast<std::size_t>(p.m * p.k)), b(static_cast<std::size_t>(p.k * p.n));
+    for (double& x : a) x = pick(-9, 9);
+    for (double& x : b) x = pick(-9, 9);
+    const std::vector<double> want = reference(p, a, b);
+    const std::int64_t chunk = pick(1, static_cast<int>(p.m));
+    std::vector<double> got(want.size(), std::nan(""));
+    for (std::int64_t r0 = 0; r0 < p.m; r0 += chunk) {
+      const std::int64_t rows = std::min(chunk, p.m - r0);
+      std::vector<double> scratch(static_cast<std::size_t>(rows * p.n), std::nan(""));
+      emulate(plan_matmul_rows(p, r0, rows), a, b, scratch);
+      std::copy(scratch.begin(), scratch.end(), got.begin() + r0 * p.n);
+    }
+    ASSERT_EQ(got, want) << "round " << round << ": m " << p.m << " n " << p.n << " k " << p.k
+                         << " trans " << p.trans_a << p.trans_b << " chunk " << chunk;
   }
 }
 

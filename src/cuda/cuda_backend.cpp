@@ -319,6 +319,9 @@ std::unique_ptr<BackendTrace> CudaBackend::end_capture(QueueId queue) {
   cudaError_t error = cudaStreamEndCapture(q.stream, &graph);
   if (error == cudaSuccess && graph == nullptr) error = cudaErrorStreamCaptureInvalidated;
   if (error == cudaSuccess) {
+    // Another stream of this thread may still be capturing (a Tracer over several devices ends
+    // their captures one by one): in the thread-local mode CUDA refuses to instantiate then.
+    RelaxedCapture relaxed;
     std::size_t nodes = 0;
     error = cudaGraphGetNodes(graph, nullptr, &nodes);
     trace->graph_nodes = nodes;
@@ -349,7 +352,10 @@ void CudaBackend::abort_capture(QueueId queue) noexcept {
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(q.stream, &graph);
   if (ended != cudaSuccess && ended != cudaErrorStreamCaptureInvalidated) RETRACE_CUDA_WARN(ended);
-  if (graph != nullptr) RETRACE_CUDA_WARN(cudaGraphDestroy(graph));
+  if (graph != nullptr) {
+    RelaxedCapture relaxed;  // as in end_capture: other captures of this thread may be open
+    RETRACE_CUDA_WARN(cudaGraphDestroy(graph));
+  }
   clear_last_error();
   if (q.capture_thread == std::this_thread::get_id()) --t_open_captures;
   restore_workspace(q, *q.capture);
@@ -416,7 +422,10 @@ void CudaBackend::release(BackendTrace& base, TraceId) noexcept {
     }
     std::erase(q.replayed, &trace);
   }
-  if (trace.exec != nullptr) RETRACE_CUDA_WARN(cudaGraphExecDestroy(trace.exec));
+  if (trace.exec != nullptr) {
+    RelaxedCapture relaxed;  // a trace may be released while another device captures
+    RETRACE_CUDA_WARN(cudaGraphExecDestroy(trace.exec));
+  }
   trace.exec = nullptr;
   trace.scratch.clear();
   trace.blas_workspace.reset();

@@ -106,6 +106,15 @@ inline std::vector<GemmCall> plan_matmul(const MatmulParams& p) {
   return calls;
 }
 
+// The rows [r0, r0 + rows) of an unbatched product (a linear's): its one planned call narrowed to
+// those rows, writing them from offset 0 of its output (a float32 scratch of rows x n).
+inline GemmCall plan_matmul_rows(const MatmulParams& p, std::int64_t r0, std::int64_t rows) {
+  GemmCall call = column_major_call(p.trans_a, p.trans_b, p.m, p.n, p.k);
+  call.cols = rows;  // the column-major product's columns are the row-major rows
+  call.offset_second = p.trans_a ? r0 : r0 * p.k;
+  return call;
+}
+
 // The two products of attention for the (batch, head) pairs [bh0, bh0 + bhs): scores =
 // q k^T into a chunk-local [bhs, sq, sk] buffer (first operand k, second q), then out = probs v
 // with probs chunk-local too (first operand v, second probs) into the full output.

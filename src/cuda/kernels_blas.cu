@@ -12,6 +12,7 @@ namespace retrace::cuda {
 namespace {
 
 constexpr std::size_t kAttentionScratchLimit = std::size_t{64} << 20;
+constexpr std::size_t kBiasScratchLimit = std::size_t{64} << 20;
 
 cudaDataType_t blas_type(DType dtype) {
   switch (dtype) {
@@ -44,6 +45,91 @@ __global__ void bias_rows_kernel(const FailureRecord* record, const T* bias, T* 
   RETRACE_GRID_STRIDE(i, n) {
     out[i] = bias[i % cols];
   }
+}
+
+// out = T(acc + bias) over rows of `cols`: the bias of a half-precision product added in float32
+// to the float32 product, so the output is rounded once.
+template <class T>
+__global__ void add_bias_round_kernel(const FailureRecord* record, const float* acc, const T* bias,
+                                      T* out, std::int64_t n, std::int64_t cols) {
+  if (aborted(record)) return;
+  using E = Elem<T>;
+  RETRACE_GRID_STRIDE(i, n) {
+    E::store(out, i, acc[i] + E::load(bias, i % cols));
+  }
+}
+
+std::int64_t matmul_batches(const MatmulParams& p) {
+  std::int64_t batches = 1;
+  for (int d = 0; d < p.batch_rank; ++d) batches *= p.batch_shape[d];
+  return batches;
+}
+
+// A half-precision product with a bias: cuBLAS, given the bias as C with beta = 1, rounds the
+// product to the output type before adding C (seen on an H200: a bfloat16 linear whose bias
+// cancelled its product came out 15 bfloat16 steps from the float64 value, exactly
+// bf16(bf16(a b) + bias)). These products go to float32 scratch instead, and the bias is added
+// there: one rounding, as on the CPU device.
+bool bias_in_float32(const MatmulParams& p) {
+  return p.bias != nullptr && dtype_size(p.dtype) == 2 && p.k > 0 && p.m > 0 && p.n > 0 &&
+         matmul_batches(p) > 0;
+}
+
+// Rows of the product per scratch chunk: all of them for a batched product (linear's products,
+// the ones with a bias, are unbatched), else as many as fit the scratch limit.
+std::int64_t bias_chunk_rows(const MatmulParams& p) {
+  if (matmul_batches(p) > 1) return p.m;
+  const std::int64_t fit = static_cast<std::int64_t>(kBiasScratchLimit) / (p.n * 4);
+  return fit < 1 ? 1 : (fit < p.m ? fit : p.m);
+}
+
+cudaError_t launch_add_bias_round(const float* acc, const void* bias, void* out, std::int64_t n,
+                                  std::int64_t cols, DType dtype, const LaunchContext& ctx) {
+  if (dtype == DType::bfloat16) {
+    add_bias_round_kernel<bfloat16><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+        ctx.record, acc, static_cast<const bfloat16*>(bias), static_cast<bfloat16*>(out), n, cols);
+  } else {
+    add_bias_round_kernel<float16><<<blocks_for(n), kThreads, 0, ctx.stream>>>(
+        ctx.record, acc, static_cast<const float16*>(bias), static_cast<float16*>(out), n, cols);
+  }
+  return cudaGetLastError();
+}
+
+// The product of a bias_in_float32 matmul: float32 GEMMs into scratch, chunk by chunk of rows,
+// each followed by the bias and the one rounding into the output.
+cudaError_t matmul_bias_in_float32(const MatmulParams& p, const LaunchContext& ctx,
+                                   cublasStatus_t* blas_status) {
+  const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
+  const cudaDataType_t type = p.dtype == DType::bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  auto* acc = static_cast<float*>(ctx.scratch);
+  if (matmul_batches(p) > 1) {  // every call into the scratch at its own offset, then one pass
+    for (const GemmCall& call : plan_matmul(p)) {
+      const cublasStatus_t status =
+          run_gemm(call, p.a, p.b, acc, type, CUDA_R_32F, es, p.alpha, 0.0f, ctx);
+      if (status != CUBLAS_STATUS_SUCCESS) {
+        *blas_status = status;
+        return cudaErrorUnknown;
+      }
+    }
+    return launch_add_bias_round(acc, p.bias, p.out, matmul_batches(p) * p.m * p.n, p.n, p.dtype,
+                                 ctx);
+  }
+  const std::int64_t chunk = bias_chunk_rows(p);
+  for (std::int64_t r0 = 0; r0 < p.m; r0 += chunk) {
+    const std::int64_t rows = chunk < p.m - r0 ? chunk : p.m - r0;
+    const GemmCall call = plan_matmul_rows(p, r0, rows);
+    const cublasStatus_t status =
+        run_gemm(call, p.a, p.b, acc, type, CUDA_R_32F, es, p.alpha, 0.0f, ctx);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      *blas_status = status;
+      return cudaErrorUnknown;
+    }
+    const cudaError_t e =
+        launch_add_bias_round(acc, p.bias, static_cast<char*>(p.out) + r0 * p.n * es, rows * p.n,
+                              p.n, p.dtype, ctx);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 // Scores rows of one chunk of (batch, head) pairs: scores += mask, softmax, probs = result.
@@ -108,11 +194,16 @@ cudaError_t launch_bias_rows(const void* bias, void* out, std::int64_t rows, std
   return cudaGetLastError();
 }
 
+std::size_t matmul_scratch_bytes(const MatmulParams& p) noexcept {
+  if (!bias_in_float32(p)) return 0;
+  return static_cast<std::size_t>(matmul_batches(p) * bias_chunk_rows(p) * p.n) * sizeof(float);
+}
+
 cudaError_t launch_matmul(const MatmulParams& p, const LaunchContext& ctx,
                           cublasStatus_t* blas_status) {
-  std::int64_t batches = 1;
-  for (int d = 0; d < p.batch_rank; ++d) batches *= p.batch_shape[d];
+  const std::int64_t batches = matmul_batches(p);
   if (batches == 0 || p.m == 0 || p.n == 0) return cudaSuccess;
+  if (bias_in_float32(p)) return matmul_bias_in_float32(p, ctx, blas_status);
   const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
   float beta = 0.0f;
   if (p.bias != nullptr) {
