@@ -9,8 +9,11 @@
 #   tests.txt        the test programs' output;   tests-*.json  GoogleTest's JSON reports
 #   demo.txt         the demo's output
 #   bench_cuda.json  the benchmark's figures;     bench.txt     its table
+#   example.txt      the README's CUDA example's output
+#   memcheck.txt, racecheck.txt, synccheck.txt   compute-sanitizer's logs
 #   summary.txt      one line per stage, PASS or FAIL
-# Exits non-zero if any stage failed. About 3-5 minutes on an H200 machine with 16 cores.
+# Exits non-zero if any stage failed. About 3 minutes on an H200 machine with 16 cores with
+# packed programs (racecheck is most of it), plus the build otherwise.
 #
 # Programs: those scripts/gpu-pack.sh built elsewhere and packed into .gpu-pack/ (with the
 # libraries they need besides the CUDA toolkit's), when that folder is there and they load here;

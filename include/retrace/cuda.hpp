@@ -18,7 +18,12 @@
 // host_visible_memory); there are no guard bytes; after a failed command (assert_finite) later
 // kernels of the queue or trace are skipped, but cuBLAS products in between still run (their
 // results are discarded with the rest); a replay's failure is found by the next synchronize,
-// read or execute_trace of the queue it ran on.
+// read or execute_trace of the queue it ran on. A product's bits can depend on how its operands
+// lie in memory (cuBLAS picks its kernel, and so its order of summation, by orientation): a
+// strided view copied dense may come out a rounding away from the same values given dense, where
+// the CPU device is bit for bit; replays still equal eager runs bit for bit. A half-precision
+// linear with a bias computes in float32 scratch (up to 64 MiB per command, held by a trace
+// like its other memory) and rounds once, where cuBLAS would round twice.
 #pragma once
 
 #include "retrace/device.hpp"
