@@ -94,8 +94,8 @@ void CudaBackend::create_queues() {
     RETRACE_CUBLAS_CHECK(cublasCreate(&q.blas), "creating the cuBLAS handle of {}", q.label);
     RETRACE_CUBLAS_CHECK(cublasSetStream(q.blas, q.stream), "{}", q.label);
     // Split-K partial sums in float32 too: by default cuBLAS may reduce them in a half-precision
-    // output's type, a second rounding of every partial (seen on an H200: a bfloat16 linear
-    // with cancelling terms 8x past one output rounding).
+    // output's type, rounding every partial (PyTorch's allow_fp16_reduced_precision_reduction =
+    // False sets the same flag).
     RETRACE_CUBLAS_CHECK(
         cublasSetMathMode(q.blas, static_cast<cublasMath_t>(
                                       CUBLAS_DEFAULT_MATH |
