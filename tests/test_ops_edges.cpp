@@ -56,6 +56,20 @@ TEST_F(OpEdgesTest, LinearWithNoInputFeaturesGivesTheBias) {
   }
 }
 
+TEST_F(OpEdgesTest, HalfPrecisionLinearRoundsItsOutputOnce) {
+  // x w = 0.5 + t lies halfway between 0.5 and the next value up (ties go to 0.5), and the bias
+  // -0.5 leaves t, which the dtype holds exactly: rounded once the output is t; rounding x w
+  // before adding the bias (what cuBLAS does with the bias as its C input) gives 0.
+  for (const auto& [dtype, t] : {std::pair{DType::bfloat16, 0x1p-9f}, std::pair{DType::float16, 0x1p-12f}}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = device_tensor(device(), {1.0f, t, 1.0f, t, 1.0f, t}, {3, 2}, dtype);
+    const Tensor w = device_tensor(device(), {0.5f, 1.0f}, {1, 2}, dtype);
+    const Tensor bias = device_tensor(device(), {-0.5f}, {1}, dtype);
+    EXPECT_EQ(ops::linear(x, w, bias).to_vector<float>(), (std::vector<float>{t, t, t}));
+    EXPECT_EQ(ops::linear(x, w).to_vector<float>(), (std::vector<float>{0.5f, 0.5f, 0.5f}));
+  }
+}
+
 TEST_F(OpEdgesTest, ReductionsOverAnEmptyLastDimension) {
   { const Tensor junk = ops::full({4}, 7.0, device()); }
   const Tensor a = empty_of({4, 0});
