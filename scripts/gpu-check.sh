@@ -76,6 +76,11 @@ if [[ -f "$root/.gpu-pack/payload.tar.xz" ]]; then
     missing=$(LD_LIBRARY_PATH="$packed/lib:$LD_LIBRARY_PATH" ldd "$packed"/bin/* 2>&1 | grep "not found" | sort -u)
     if [[ -z "$missing" ]]; then
       bin="$packed/bin"
+      head=$(git -C "$root" rev-parse HEAD 2>/dev/null || true)
+      if [[ -n "$head" && "$head" != "$(cat "$root/.gpu-pack/commit" 2>/dev/null)" ]]; then
+        echo "gpu-check: warning: .gpu-pack was built from another commit than $head (run scripts/gpu-pack.sh again)" \
+          | tee -a "$out/summary.txt"
+      fi
       export LD_LIBRARY_PATH="$packed/lib:$LD_LIBRARY_PATH"
       echo "gpu-check: running the programs packed in .gpu-pack (commit $(cat "$root/.gpu-pack/commit" 2>/dev/null))" \
         | tee -a "$out/summary.txt"
