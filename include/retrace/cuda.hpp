@@ -22,8 +22,9 @@
 // lie in memory (cuBLAS picks its kernel, and so its order of summation, by orientation): a
 // strided view copied dense may come out a rounding away from the same values given dense, where
 // the CPU device is bit for bit; replays still equal eager runs bit for bit. A half-precision
-// linear with a bias computes in float32 scratch (up to 64 MiB per command, held by a trace
-// like its other memory) and rounds once, where cuBLAS would round twice.
+// linear with a bias multiplies into a 16 MiB float32 scratch, taken at the first such product
+// (one per queue, and one from the pool of each trace that has one), and rounds once, where
+// cuBLAS would round the product before adding the bias.
 #pragma once
 
 #include "retrace/device.hpp"

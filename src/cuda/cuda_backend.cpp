@@ -120,6 +120,7 @@ void CudaBackend::destroy_queues() noexcept {
       log(LogLevel::warning, "CUDA teardown: cublasDestroy failed for {}", queue->label);
     }
     if (queue->blas_workspace != nullptr) RETRACE_CUDA_WARN(cudaFree(queue->blas_workspace));
+    if (queue->gemm_scratch != nullptr) RETRACE_CUDA_WARN(cudaFree(queue->gemm_scratch));
     if (queue->stream != nullptr) RETRACE_CUDA_WARN(cudaStreamDestroy(queue->stream));
     if (queue->domain.record != nullptr) domains_.give_back(queue->domain);
   }
@@ -207,6 +208,7 @@ void CudaBackend::enqueue(QueueId queue, const KernelLaunch& launch) {
   ctx.record = domain.record;
   ctx.host_flag = domain.flag_device;
   if (scratch) ctx.scratch = scratch->data();
+  if (needs_gemm_scratch(launch.kernel, launch.params)) ctx.gemm_scratch = gemm_scratch(q, trace);
   if (launch.kernel == KernelId::assert_finite) {
     const auto& p = *static_cast<const AssertFiniteParams*>(launch.params);
     ctx.site = sites_.add(Site{launch.op, p.count, trace ? trace->id.value : 0,
@@ -428,6 +430,7 @@ void CudaBackend::release(BackendTrace& base, TraceId) noexcept {
   }
   trace.exec = nullptr;
   trace.scratch.clear();
+  trace.gemm_scratch.reset();
   trace.blas_workspace.reset();
   domains_.give_back(trace.domain);
 }
@@ -468,6 +471,21 @@ void CudaBackend::give_trace_workspace(Queue& q, CudaTrace& trace) {
   trace.blas_workspace = device().allocate(bytes);  // the capturing thread: the trace's pool
   RETRACE_CUBLAS_CHECK(cublasSetWorkspace(q.blas, trace.blas_workspace->data(), bytes),
                        "giving trace {} its cuBLAS workspace", trace.id);
+}
+
+// The float32 scratch of a command that needs one: the trace's, from its pool, while
+// capturing; else the queue's own.
+void* CudaBackend::gemm_scratch(Queue& q, CudaTrace* trace) {
+  if (trace != nullptr) {
+    if (!trace->gemm_scratch) trace->gemm_scratch = device().allocate(kGemmScratchBytes);
+    return trace->gemm_scratch->data();
+  }
+  if (q.gemm_scratch == nullptr) {
+    RelaxedCapture relaxed;  // another device may be capturing on this thread
+    RETRACE_CUDA_CHECK(cudaMalloc(&q.gemm_scratch, kGemmScratchBytes),
+                       "allocating the float32 product scratch of {}", q.label);
+  }
+  return q.gemm_scratch;
 }
 
 // Back to the queue's own workspace once a capture ends.

@@ -36,6 +36,9 @@ struct CudaTrace final : BackendTrace {
   std::shared_ptr<Buffer> blas_workspace;
   // Scratch memory of its commands (attention scores), from its pool.
   std::vector<std::shared_ptr<Buffer>> scratch;
+  // The float32 scratch its half-precision products with a bias share (kGemmScratchBytes, from
+  // its pool, taken at the first such product): its commands run one after another.
+  std::shared_ptr<Buffer> gemm_scratch;
 };
 
 // Work submitted since an event, kept alive until the event has passed.
@@ -50,6 +53,7 @@ struct Queue {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void* blas_workspace = nullptr;
+  void* gemm_scratch = nullptr;  // eager commands' float32 scratch (cudaMalloc'd at first need)
   Domain domain;
   std::vector<std::shared_ptr<void>> pending;  // used by work since the last event
   std::size_t pending_commands = 0;
@@ -104,6 +108,7 @@ class CudaBackend final : public Backend {
   void create_queues();
   void destroy_queues() noexcept;
   void give_trace_workspace(Queue& q, CudaTrace& trace);
+  [[nodiscard]] void* gemm_scratch(Queue& q, CudaTrace* trace);
   void restore_workspace(Queue& q, CudaTrace& trace) noexcept;
   void mark(Queue& q);
   void reap(Queue& q);

@@ -12,7 +12,6 @@ namespace retrace::cuda {
 namespace {
 
 constexpr std::size_t kAttentionScratchLimit = std::size_t{64} << 20;
-constexpr std::size_t kBiasScratchLimit = std::size_t{64} << 20;
 
 cudaDataType_t blas_type(DType dtype) {
   switch (dtype) {
@@ -68,19 +67,13 @@ std::int64_t matmul_batches(const MatmulParams& p) {
 // A half-precision product with a bias: cuBLAS, given the bias as C with beta = 1, rounds the
 // product to the output type before adding C (seen on an H200: a bfloat16 linear whose bias
 // cancelled its product came out 15 bfloat16 steps from the float64 value, exactly
-// bf16(bf16(a b) + bias)). These products go to float32 scratch instead, and the bias is added
-// there: one rounding, as on the CPU device.
+// bf16(bf16(a b) + bias)). These products (linear's: unbatched) go to float32 scratch instead,
+// row chunk by row chunk, and the bias is added there: one rounding, as on the CPU device.
+// (A row of more outputs than the scratch holds, over 4M, keeps cuBLAS's two roundings.)
 bool bias_in_float32(const MatmulParams& p) {
+  constexpr auto kMaxColumns = static_cast<std::int64_t>(kGemmScratchBytes / sizeof(float));
   return p.bias != nullptr && dtype_size(p.dtype) == 2 && p.k > 0 && p.m > 0 && p.n > 0 &&
-         matmul_batches(p) > 0;
-}
-
-// Rows of the product per scratch chunk: all of them for a batched product (linear's products,
-// the ones with a bias, are unbatched), else as many as fit the scratch limit.
-std::int64_t bias_chunk_rows(const MatmulParams& p) {
-  if (matmul_batches(p) > 1) return p.m;
-  const std::int64_t fit = static_cast<std::int64_t>(kBiasScratchLimit) / (p.n * 4);
-  return fit < 1 ? 1 : (fit < p.m ? fit : p.m);
+         p.n <= kMaxColumns && matmul_batches(p) == 1;
 }
 
 cudaError_t launch_add_bias_round(const float* acc, const void* bias, void* out, std::int64_t n,
@@ -95,26 +88,15 @@ cudaError_t launch_add_bias_round(const float* acc, const void* bias, void* out,
   return cudaGetLastError();
 }
 
-// The product of a bias_in_float32 matmul: float32 GEMMs into scratch, chunk by chunk of rows,
-// each followed by the bias and the one rounding into the output.
+// The product of a bias_in_float32 matmul: float32 GEMMs into the gemm scratch, as many rows at
+// a time as it holds, each chunk followed by the bias and the one rounding into the output.
 cudaError_t matmul_bias_in_float32(const MatmulParams& p, const LaunchContext& ctx,
                                    cublasStatus_t* blas_status) {
   const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
   const cudaDataType_t type = p.dtype == DType::bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
-  auto* acc = static_cast<float*>(ctx.scratch);
-  if (matmul_batches(p) > 1) {  // every call into the scratch at its own offset, then one pass
-    for (const GemmCall& call : plan_matmul(p)) {
-      const cublasStatus_t status =
-          run_gemm(call, p.a, p.b, acc, type, CUDA_R_32F, es, p.alpha, 0.0f, ctx);
-      if (status != CUBLAS_STATUS_SUCCESS) {
-        *blas_status = status;
-        return cudaErrorUnknown;
-      }
-    }
-    return launch_add_bias_round(acc, p.bias, p.out, matmul_batches(p) * p.m * p.n, p.n, p.dtype,
-                                 ctx);
-  }
-  const std::int64_t chunk = bias_chunk_rows(p);
+  auto* acc = static_cast<float*>(ctx.gemm_scratch);
+  const std::int64_t fit = static_cast<std::int64_t>(kGemmScratchBytes / sizeof(float)) / p.n;
+  const std::int64_t chunk = fit < p.m ? fit : p.m;
   for (std::int64_t r0 = 0; r0 < p.m; r0 += chunk) {
     const std::int64_t rows = chunk < p.m - r0 ? chunk : p.m - r0;
     const GemmCall call = plan_matmul_rows(p, r0, rows);
@@ -194,10 +176,7 @@ cudaError_t launch_bias_rows(const void* bias, void* out, std::int64_t rows, std
   return cudaGetLastError();
 }
 
-std::size_t matmul_scratch_bytes(const MatmulParams& p) noexcept {
-  if (!bias_in_float32(p)) return 0;
-  return static_cast<std::size_t>(matmul_batches(p) * bias_chunk_rows(p) * p.n) * sizeof(float);
-}
+bool matmul_needs_gemm_scratch(const MatmulParams& p) noexcept { return bias_in_float32(p); }
 
 cudaError_t launch_matmul(const MatmulParams& p, const LaunchContext& ctx,
                           cublasStatus_t* blas_status) {

@@ -26,8 +26,8 @@ cudaError_t launch_matmul(const MatmulParams& p, const LaunchContext& ctx,
 cudaError_t launch_attention(const AttentionParams& p, const LaunchContext& ctx,
                              cublasStatus_t* blas_status);
 std::size_t attention_scratch_bytes(const AttentionParams& p) noexcept;
-// Float32 scratch of a half-precision product with a bias (0 for the others).
-std::size_t matmul_scratch_bytes(const MatmulParams& p) noexcept;
+// Whether the product goes through the float32 gemm_scratch (a half-precision one with a bias).
+bool matmul_needs_gemm_scratch(const MatmulParams& p) noexcept;
 
 // out[r, j] = bias[j] for rows r < rows (the matmul's beta = 1 input), T = float32, bfloat16 or float16.
 cudaError_t launch_bias_rows(const void* bias, void* out, std::int64_t rows, std::int64_t cols,

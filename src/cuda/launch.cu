@@ -23,8 +23,11 @@ const char* unmovable(std::int32_t elem_size) {
 
 std::size_t scratch_bytes(KernelId kernel, const void* params) noexcept {
   if (kernel == KernelId::attention) return attention_scratch_bytes(as<AttentionParams>(params));
-  if (kernel == KernelId::matmul) return matmul_scratch_bytes(as<MatmulParams>(params));
   return 0;
+}
+
+bool needs_gemm_scratch(KernelId kernel, const void* params) noexcept {
+  return kernel == KernelId::matmul && matmul_needs_gemm_scratch(as<MatmulParams>(params));
 }
 
 const char* unsupported_reason(KernelId kernel, const void* params) noexcept {

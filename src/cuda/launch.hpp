@@ -31,7 +31,15 @@ struct LaunchContext {
   unsigned int* host_flag = nullptr;  // host-mapped: set to the site id by a failing kernel
   unsigned int site = 0;              // site id of this command (assert_finite)
   void* scratch = nullptr;            // device memory of scratch_bytes(...) bytes
+  // float32 scratch of kGemmScratchBytes shared by the commands of one queue (eager) or one
+  // trace, which run one after another on their stream; set where needs_gemm_scratch(...).
+  void* gemm_scratch = nullptr;
 };
+
+inline constexpr std::size_t kGemmScratchBytes = std::size_t{16} << 20;
+
+// Whether the command computes through gemm_scratch (a half-precision product with a bias).
+[[nodiscard]] bool needs_gemm_scratch(KernelId kernel, const void* params) noexcept;
 
 // Scratch memory the command needs for the duration of its work (attention scores), or 0.
 [[nodiscard]] std::size_t scratch_bytes(KernelId kernel, const void* params) noexcept;
