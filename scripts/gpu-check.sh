@@ -11,7 +11,7 @@
 #   bench_cuda.json  the benchmark's figures;     bench.txt     its table
 #   example.txt      the README's CUDA example's output
 #   memcheck.txt, racecheck.txt, synccheck.txt   compute-sanitizer's logs
-#   ncu.txt          with RETRACE_GPU_PROFILE=1: Nsight Compute's per-kernel summary of the demo
+#   ncu.txt          with RETRACE_GPU_PROFILE=1: Nsight Compute's per-kernel GPU times of a step
 #   summary.txt      one line per stage, PASS or FAIL
 # Exits non-zero if any stage failed. About 3 minutes on an H200 machine with 16 cores with
 # packed programs (racecheck is most of it), plus the build otherwise.
@@ -227,13 +227,15 @@ if [[ -n "$sanitizer" && "${RETRACE_GPU_SANITIZE:-1}" == 1 ]]; then
   fi
 fi
 
-# RETRACE_GPU_PROFILE=1: Nsight Compute's per-kernel summary (duration, throughput) of two steps
-# of the DiT demo, eager and traced, into ncu.txt (a minute or two: ncu replays each kernel).
+# RETRACE_GPU_PROFILE=1: Nsight Compute's per-kernel summary (GPU time of each kernel) of
+# `retrace inspect --device cuda` (the demo's model: one eager step, its capture and a replay),
+# into ncu.txt. One pass per kernel (only the duration is collected): a minute or so.
 run_profile() {
-  timeout "${RETRACE_GPU_PROFILE_TIMEOUT:-300}" "$ncu" --clock-control none --section SpeedOfLight \
-    --print-summary per-kernel "$bin/retrace" demo --device cuda --steps 2 >"$out/ncu.txt" 2>&1
+  timeout "${RETRACE_GPU_PROFILE_TIMEOUT:-300}" "$ncu" --clock-control none \
+    --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$bin/retrace" inspect --device cuda >"$out/ncu.txt" 2>&1
   local rc=$?
-  grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput" "$out/ncu.txt" | head -n 60
+  grep -E "^  [^ ].*\(|gpu__time_duration" "$out/ncu.txt" | head -n 80
   return $rc
 }
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
