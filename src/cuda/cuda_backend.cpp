@@ -93,6 +93,8 @@ void CudaBackend::create_queues() {
                        "creating the stream of {}", q.label);
     RETRACE_CUBLAS_CHECK(cublasCreate(&q.blas), "creating the cuBLAS handle of {}", q.label);
     RETRACE_CUBLAS_CHECK(cublasSetStream(q.blas, q.stream), "{}", q.label);
+    RETRACE_CUBLAS_CHECK(cublasLtCreate(&q.blas_lt), "creating the cuBLASLt handle of {}",
+                         q.label);
     // Split-K partial sums in float32 too: by default cuBLAS may reduce them in a half-precision
     // output's type, rounding every partial (PyTorch's allow_fp16_reduced_precision_reduction =
     // False sets the same flag).
@@ -118,6 +120,9 @@ void CudaBackend::destroy_queues() noexcept {
     if (queue->capture_fence != nullptr) RETRACE_CUDA_WARN(cudaEventDestroy(queue->capture_fence));
     if (queue->blas != nullptr && cublasDestroy(queue->blas) != CUBLAS_STATUS_SUCCESS) {
       log(LogLevel::warning, "CUDA teardown: cublasDestroy failed for {}", queue->label);
+    }
+    if (queue->blas_lt != nullptr && cublasLtDestroy(queue->blas_lt) != CUBLAS_STATUS_SUCCESS) {
+      log(LogLevel::warning, "CUDA teardown: cublasLtDestroy failed for {}", queue->label);
     }
     if (queue->blas_workspace != nullptr) RETRACE_CUDA_WARN(cudaFree(queue->blas_workspace));
     if (queue->gemm_scratch != nullptr) RETRACE_CUDA_WARN(cudaFree(queue->gemm_scratch));
@@ -204,6 +209,13 @@ void CudaBackend::enqueue(QueueId queue, const KernelLaunch& launch) {
   LaunchContext ctx;
   ctx.stream = q.stream;
   ctx.cublas = q.blas;
+  ctx.cublas_lt = q.blas_lt;
+  if (trace != nullptr && trace->blas_workspace) {
+    ctx.blas_workspace = trace->blas_workspace->data();
+  } else {
+    ctx.blas_workspace = q.blas_workspace;
+  }
+  ctx.blas_workspace_bytes = ctx.blas_workspace != nullptr ? options_.cublas_workspace_bytes : 0;
   const Domain& domain = trace != nullptr ? trace->domain : q.domain;
   ctx.record = domain.record;
   ctx.host_flag = domain.flag_device;

@@ -52,6 +52,7 @@ struct Queue {
   std::string label;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t blas_lt = nullptr;
   void* blas_workspace = nullptr;
   void* gemm_scratch = nullptr;  // eager commands' float32 scratch (cudaMalloc'd at first need)
   Domain domain;

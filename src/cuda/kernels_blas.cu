@@ -64,6 +64,114 @@ std::int64_t matmul_batches(const MatmulParams& p) {
   return batches;
 }
 
+// The cuBLASLt descriptors of one product, destroyed with it.
+struct LtCall {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  LtCall() = default;
+  LtCall(const LtCall&) = delete;
+  LtCall& operator=(const LtCall&) = delete;
+  ~LtCall() {
+    if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
+    if (out != nullptr) cublasLtMatrixLayoutDestroy(out);
+    if (second != nullptr) cublasLtMatrixLayoutDestroy(second);
+    if (first != nullptr) cublasLtMatrixLayoutDestroy(first);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// The largest power of two, up to 256, that divides the address.
+std::uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  std::uint32_t align = 256;
+  while (align > 1 && address % align != 0) align /= 2;
+  return align;
+}
+
+enum class LtResult { not_applicable, done, failed };
+
+// An unbatched product with a bias, the bias added by cuBLASLt's epilogue (in float32, before the
+// one rounding into the output: no separate kernel puts the bias into C, and half-precision
+// outputs are rounded once). not_applicable, with nothing enqueued, where cuBLASLt offers no
+// algorithm: the caller takes the cuBLAS path.
+LtResult lt_matmul_bias(const MatmulParams& p, const LaunchContext& ctx,
+                        cublasStatus_t* blas_status) {
+  if (ctx.cublas_lt == nullptr || p.bias == nullptr || matmul_batches(p) != 1 || p.k == 0 ||
+      p.m == 0 || p.n == 0 || alignment_of(p.bias) < 16) {  // (a bias sliced at any element)
+    return LtResult::not_applicable;
+  }
+  const auto ok = [](cublasStatus_t status) { return status == CUBLAS_STATUS_SUCCESS; };
+  const GemmCall g = column_major_call(p.trans_a, p.trans_b, p.m, p.n, p.k);
+  const cudaDataType_t type = blas_type(p.dtype);
+  LtCall call;
+  if (!ok(cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) {
+    return LtResult::not_applicable;
+  }
+  const cublasOperation_t op_first = g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const void* bias = p.bias;
+  // The stored matrices (column-major): op(first) is rows x depth, op(second) depth x cols.
+  const auto rows = static_cast<std::uint64_t>(g.rows), cols = static_cast<std::uint64_t>(g.cols),
+             depth = static_cast<std::uint64_t>(g.depth);
+  if (!ok(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                         sizeof op_first)) ||
+      !ok(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                         sizeof op_second)) ||
+      !ok(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                         sizeof epilogue)) ||
+      !ok(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof bias)) ||
+      !ok(cublasLtMatrixLayoutCreate(&call.first, type, g.trans_first ? depth : rows,
+                                     g.trans_first ? rows : depth, g.ld_first)) ||
+      !ok(cublasLtMatrixLayoutCreate(&call.second, type, g.trans_second ? cols : depth,
+                                     g.trans_second ? depth : cols, g.ld_second)) ||
+      !ok(cublasLtMatrixLayoutCreate(&call.out, type, rows, cols, g.ld_out)) ||
+      !ok(cublasLtMatmulPreferenceCreate(&call.preference))) {
+    return LtResult::not_applicable;
+  }
+  // Only algorithms for the workspace there is and for the operands' actual alignment (views
+  // can start at any element).
+  const std::size_t workspace = ctx.blas_workspace_bytes;
+  const std::uint32_t align_first = alignment_of(p.b), align_second = alignment_of(p.a),
+                      align_out = alignment_of(p.out);
+  if (!ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
+                                               CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace, sizeof workspace)) ||
+      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
+                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                               &align_first, sizeof align_first)) ||
+      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
+                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                               &align_second, sizeof align_second)) ||
+      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
+                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                               &align_out, sizeof align_out)) ||
+      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
+                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                               &align_out, sizeof align_out))) {
+    return LtResult::not_applicable;
+  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  if (!ok(cublasLtMatmulAlgoGetHeuristic(ctx.cublas_lt, call.op, call.first, call.second, call.out,
+                                         call.out, call.preference, 1, &heuristic, &found)) ||
+      found == 0) {
+    return LtResult::not_applicable;
+  }
+  const float alpha = p.alpha, beta = 0.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(ctx.cublas_lt, call.op, &alpha, p.b, call.first, p.a, call.second, &beta,
+                     p.out, call.out, p.out, call.out, &heuristic.algo, ctx.blas_workspace,
+                     workspace, ctx.stream);
+  if (!ok(status)) {
+    *blas_status = status;
+    return LtResult::failed;
+  }
+  return LtResult::done;
+}
+
 // A half-precision product with a bias: cuBLAS, given the bias as C with beta = 1, rounds the
 // product to the output type before adding C (seen on an H200: a bfloat16 linear whose bias
 // cancelled its product came out 15 bfloat16 steps from the float64 value, exactly
@@ -182,6 +290,11 @@ cudaError_t launch_matmul(const MatmulParams& p, const LaunchContext& ctx,
                           cublasStatus_t* blas_status) {
   const std::int64_t batches = matmul_batches(p);
   if (batches == 0 || p.m == 0 || p.n == 0) return cudaSuccess;
+  switch (lt_matmul_bias(p, ctx, blas_status)) {
+    case LtResult::done: return cudaGetLastError();
+    case LtResult::failed: return cudaErrorUnknown;
+    case LtResult::not_applicable: break;
+  }
   if (bias_in_float32(p)) return matmul_bias_in_float32(p, ctx, blas_status);
   const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
   float beta = 0.0f;

@@ -8,6 +8,7 @@
 
 #include "retrace/kernels.hpp"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -27,6 +28,9 @@ struct FailureRecord {
 struct LaunchContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublas_lt = nullptr;  // for products with a bias epilogue
+  void* blas_workspace = nullptr;        // the cuBLAS workspace in use (the queue's or the trace's)
+  std::size_t blas_workspace_bytes = 0;
   FailureRecord* record = nullptr;    // device memory
   unsigned int* host_flag = nullptr;  // host-mapped: set to the site id by a failing kernel
   unsigned int site = 0;              // site id of this command (assert_finite)
