@@ -21,10 +21,11 @@
 // read or execute_trace of the queue it ran on. A product's bits can depend on how its operands
 // lie in memory (cuBLAS picks its kernel, and so its order of summation, by orientation): a
 // strided view copied dense may come out a rounding away from the same values given dense, where
-// the CPU device is bit for bit; replays still equal eager runs bit for bit. A half-precision
-// linear with a bias multiplies into a 16 MiB float32 scratch, taken at the first such product
-// (one per queue, and one from the pool of each trace that has one), and rounds once, where
-// cuBLAS would round the product before adding the bias.
+// the CPU device is bit for bit; replays still equal eager runs bit for bit. A linear's bias is
+// added by cuBLASLt's epilogue, in float32 before the output is rounded once; where cuBLASLt has
+// no algorithm for the shapes or alignment, a half-precision linear multiplies into a float32
+// scratch and rounds once too (cuBLAS alone would round the product before adding the bias).
+// That scratch is 16 MiB, one per queue and one from the pool of each trace with such a linear.
 #pragma once
 
 #include "retrace/device.hpp"
