@@ -136,21 +136,15 @@ LtResult lt_matmul_bias(const MatmulParams& p, const LaunchContext& ctx,
   const std::size_t workspace = ctx.blas_workspace_bytes;
   const std::uint32_t align_first = alignment_of(p.b), align_second = alignment_of(p.a),
                       align_out = alignment_of(p.out);
-  if (!ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
-                                               CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace, sizeof workspace)) ||
-      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
-                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                               &align_first, sizeof align_first)) ||
-      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
-                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                               &align_second, sizeof align_second)) ||
-      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
-                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                               &align_out, sizeof align_out)) ||
-      !ok(cublasLtMatmulPreferenceSetAttribute(call.preference,
-                                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                               &align_out, sizeof align_out))) {
+  const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+    return ok(cublasLtMatmulPreferenceSetAttribute(call.preference, attribute, &value,
+                                                   sizeof value));
+  };
+  if (!prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace) ||
+      !prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first) ||
+      !prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second) ||
+      !prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out) ||
+      !prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out)) {
     return LtResult::not_applicable;
   }
   cublasLtMatmulHeuristicResult_t heuristic{};
