@@ -78,16 +78,31 @@ std::int64_t operand_strides(const MatmulParams& p, std::int64_t matrix,
   return extent;
 }
 
+// An unbatched product's sizes (m up to max_m, n and k up to 5) and transposes, drawn by pick.
+template <class Pick>
+MatmulParams random_matrices(Pick& pick, int max_m) {
+  MatmulParams p{};
+  p.m = pick(1, max_m);
+  p.n = pick(1, 5);
+  p.k = pick(1, 5);
+  p.trans_a = pick(0, 1) == 1;
+  p.trans_b = pick(0, 1) == 1;
+  return p;
+}
+
+// n small integers (exact in any order of summation).
+template <class Pick>
+std::vector<double> random_values(Pick& pick, std::int64_t n) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (double& x : v) x = pick(-9, 9);
+  return v;
+}
+
 TEST(GemmPlanTest, PlannedCallsComputeTheRowMajorBatchedProduct) {
   std::mt19937_64 rng(testing::test_seed() + 77);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int round = 0; round < 300; ++round) {
-    MatmulParams p{};
-    p.m = pick(1, 5);
-    p.n = pick(1, 5);
-    p.k = pick(1, 5);
-    p.trans_a = pick(0, 1) == 1;
-    p.trans_b = pick(0, 1) == 1;
+    MatmulParams p = random_matrices(pick, 5);
     p.batch_rank = pick(0, 3);
     std::vector<bool> a_broadcast, b_broadcast;
     for (int d = 0; d < p.batch_rank; ++d) {
@@ -97,9 +112,7 @@ TEST(GemmPlanTest, PlannedCallsComputeTheRowMajorBatchedProduct) {
     }
     const std::int64_t a_size = operand_strides(p, p.m * p.k, a_broadcast, p.a_batch_strides);
     const std::int64_t b_size = operand_strides(p, p.k * p.n, b_broadcast, p.b_batch_strides);
-    std::vector<double> a(static_cast<std::size_t>(a_size)), b(static_cast<std::size_t>(b_size));
-    for (double& x : a) x = pick(-9, 9);
-    for (double& x : b) x = pick(-9, 9);
+    const std::vector<double> a = random_values(pick, a_size), b = random_values(pick, b_size);
 
     const std::vector<double> want = reference(p, a, b);
     std::vector<double> got(want.size(), std::nan(""));
@@ -113,15 +126,9 @@ TEST(GemmPlanTest, RowChunksOfAnUnbatchedProductComputeItsRows) {
   std::mt19937_64 rng(testing::test_seed() + 79);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int round = 0; round < 200; ++round) {
-    MatmulParams p{};
-    p.m = pick(1, 9);
-    p.n = pick(1, 5);
-    p.k = pick(1, 5);
-    p.trans_a = pick(0, 1) == 1;
-    p.trans_b = pick(0, 1) == 1;
-    std::vector<double> a(static_cast<std::size_t>(p.m * p.k)), b(static_cast<std::size_t>(p.k * p.n));
-    for (double& x : a) x = pick(-9, 9);
-    for (double& x : b) x = pick(-9, 9);
+    const MatmulParams p = random_matrices(pick, 9);
+    const std::vector<double> a = random_values(pick, p.m * p.k),
+                              b = random_values(pick, p.k * p.n);
     const std::vector<double> want = reference(p, a, b);
     const std::int64_t chunk = pick(1, static_cast<int>(p.m));
     std::vector<double> got(want.size(), std::nan(""));

@@ -195,7 +195,7 @@ cudaError_t launch_add_bias_round(const float* acc, const void* bias, void* out,
 cudaError_t matmul_bias_in_float32(const MatmulParams& p, const LaunchContext& ctx,
                                    cublasStatus_t* blas_status) {
   const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
-  const cudaDataType_t type = p.dtype == DType::bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t type = blas_type(p.dtype);
   auto* acc = static_cast<float*>(ctx.gemm_scratch);
   const std::int64_t fit = static_cast<std::int64_t>(kGemmScratchBytes / sizeof(float)) / p.n;
   const std::int64_t chunk = fit < p.m ? fit : p.m;
