@@ -56,6 +56,63 @@ TEST_F(OpEdgesTest, LinearWithNoInputFeaturesGivesTheBias) {
   }
 }
 
+// Linears of a few rows (one conditioning row, a decoding step's tokens) at sizes around every
+// vector width and tile edge: within float32 rounding of a float64 reference, NaN carried, and
+// (on the CPU, whose thin-product kernel sums each column on its own) a column's bits do not
+// depend on how many columns the product has, so a split over threads rounds as a whole does,
+// nor on whether the weight is stored [n, k] or [k, n].
+TEST_F(OpEdgesTest, ThinLinearsMatchAFloat64Reference) {
+  const std::string about = device().description();
+  const bool thin_kernels = testing::test_backend() == "cpu" &&
+                            (about.find("avx2 kernels") != std::string::npos ||
+                             about.find("avx512 kernels") != std::string::npos);
+  std::uint64_t salt = 700;
+  for (std::int64_t m : {1, 2, 3, 4, 5}) {
+    for (std::int64_t k : {1, 5, 16, 17, 40, 300}) {
+      for (std::int64_t n : {1, 3, 4, 5, 67}) {
+        SCOPED_TRACE(fmt::format("m {} k {} n {}", m, k, n));
+        const std::vector<float> xs = testing::random_floats(m * k, ++salt);
+        const std::vector<float> ws = testing::random_floats(n * k, ++salt);
+        const std::vector<float> bs = testing::random_floats(n, ++salt);
+        const Tensor w = floats(ws, {n, k});
+        const std::vector<float> got =
+            ops::linear(floats(xs, {m, k}), w, floats(bs, {n})).to_vector<float>();
+        ASSERT_EQ(got.size(), static_cast<std::size_t>(m * n));
+        for (std::int64_t r = 0; r < m; ++r) {
+          for (std::int64_t j = 0; j < n; ++j) {
+            double want = bs[j], magnitude = std::abs(bs[j]);
+            for (std::int64_t p = 0; p < k; ++p) {
+              want += double(xs[r * k + p]) * ws[j * k + p];
+              magnitude += std::abs(double(xs[r * k + p]) * ws[j * k + p]);
+            }
+            EXPECT_NEAR(got[r * n + j], want, (k + 2) * 0x1p-23 * magnitude) << r << ", " << j;
+          }
+        }
+        if (thin_kernels && m <= 4 && n > 1) {
+          const Tensor x = floats(xs, {m, k});
+          const std::int64_t j = n - 1;
+          const std::vector<float> alone =
+              ops::linear(x, ops::slice(w, 0, j, n), floats({bs[j]}, {1})).to_vector<float>();
+          for (std::int64_t r = 0; r < m; ++r) EXPECT_EQ(alone[r], got[r * n + j]) << r;
+          const Tensor w_kn = ops::contiguous(ops::transpose(w, 0, 1));
+          const Tensor product = ops::add(ops::matmul(x, w_kn), floats(bs, {n}));
+          const Tensor product_nk = ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), floats(bs, {n}));
+          EXPECT_EQ(product.to_vector<float>(), product_nk.to_vector<float>());
+          const Tensor xt = ops::transpose(ops::contiguous(ops::transpose(x, 0, 1)), 0, 1);
+          EXPECT_EQ(ops::matmul(xt, w_kn).to_vector<float>(),
+                    ops::matmul(x, w_kn).to_vector<float>());
+        }
+      }
+    }
+  }
+  std::vector<float> xs = testing::random_floats(2 * 37, 1);
+  xs[37 + 36] = kNaN;
+  const std::vector<float> got =
+      ops::linear(floats(xs, {2, 37}), floats(testing::random_floats(9 * 37, 2), {9, 37}))
+          .to_vector<float>();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(std::isnan(got[i]), i >= 9) << i;
+}
+
 TEST_F(OpEdgesTest, HalfPrecisionLinearRoundsItsOutputOnce) {
   // x w = 0.5 + t lies halfway between 0.5 and the next value up (ties go to 0.5), and the bias
   // -0.5 leaves t, which the dtype holds exactly: rounded once the output is t; rounding x w

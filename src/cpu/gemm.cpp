@@ -3,6 +3,11 @@
 #include "retrace/error.hpp"
 
 #include <algorithm>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 // GCC 12 warns "(may be) used uninitialized" inside its own AVX-512 intrinsics as Eigen inlines
 // them (the intrinsics start from a deliberately undefined register); silenced here, for this
@@ -193,6 +198,203 @@ GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept
 
 namespace {
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// The sum of 8 lanes: halves added onto each other (GCC's vector extensions: GCC 12 warns,
+// with -Werror, in the AVX-512 shuffle intrinsics).
+struct Lanes8 {
+  static float sum(__m256 v) {
+    using F8 = float __attribute__((vector_size(32)));
+    using F4 = float __attribute__((vector_size(16)));
+    const auto x = reinterpret_cast<F8>(v);
+    const F4 quarter = __builtin_shufflevector(x, x, 0, 1, 2, 3) +
+                       __builtin_shufflevector(x, x, 4, 5, 6, 7);
+    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+  }
+};
+// The vector of this kernel variant: 16 floats (AVX-512) or 8 (AVX2), with a masked load of a
+// row's last k % lanes values.
+#if defined(__AVX512F__)
+struct Lanes {
+  using V = __m512;
+  static constexpr std::int64_t n = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load_first(const float* p, std::int64_t count) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+  }
+  static void store_first(float* p, std::int64_t count, V v) {
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << count) - 1u), v);
+  }
+  static V broadcast(float x) { return _mm512_set1_ps(x); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(V v) {  // halves added onto each other down to one lane
+    using F16 = float __attribute__((vector_size(64)));
+    using F8 = float __attribute__((vector_size(32)));
+    const auto x = reinterpret_cast<F16>(v);
+    const F8 half = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+    return Lanes8::sum(reinterpret_cast<__m256>(half));
+  }
+};
+#else
+struct Lanes {
+  using V = __m256;
+  static constexpr std::int64_t n = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static __m256i first(std::int64_t count) {
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), index);
+  }
+  static V load_first(const float* p, std::int64_t count) {
+    return _mm256_maskload_ps(p, first(count));
+  }
+  static void store_first(float* p, std::int64_t count, V v) {
+    _mm256_maskstore_ps(p, first(count), v);
+  }
+  static V broadcast(float x) { return _mm256_set1_ps(x); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(V v) { return Lanes8::sum(v); }
+};
+#endif
+
+// C[R rows, W columns] for R rows of A and W rows of B (a linear's weight rows, [n, k]): each
+// element a dot product over k in vector lanes, the lanes summed at the end. Every weight value
+// is loaded once for all R rows of A.
+template <int R, int W>
+void thin_tile(std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+               std::int64_t ldb, float* c, std::int64_t ldc, const float* bias) {
+  typename Lanes::V acc[R][W];
+  for (auto& row : acc) {
+    for (auto& v : row) v = Lanes::zero();
+  }
+  std::int64_t p = 0;
+  for (; p + Lanes::n <= k; p += Lanes::n) {
+    typename Lanes::V x[R];
+    for (int r = 0; r < R; ++r) x[r] = Lanes::load(a + r * lda + p);
+    for (int w = 0; w < W; ++w) {
+      const typename Lanes::V y = Lanes::load(b + w * ldb + p);
+      for (int r = 0; r < R; ++r) acc[r][w] = Lanes::fma(x[r], y, acc[r][w]);
+    }
+  }
+  if (p < k) {
+    typename Lanes::V x[R];
+    for (int r = 0; r < R; ++r) x[r] = Lanes::load_first(a + r * lda + p, k - p);
+    for (int w = 0; w < W; ++w) {
+      const typename Lanes::V y = Lanes::load_first(b + w * ldb + p, k - p);
+      for (int r = 0; r < R; ++r) acc[r][w] = Lanes::fma(x[r], y, acc[r][w]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int w = 0; w < W; ++w) {
+      const float product = alpha * Lanes::sum(acc[r][w]);
+      c[r * ldc + w] = bias == nullptr ? product : product + bias[w];
+    }
+  }
+}
+
+// R rows of A against all n weight rows: four at a time, then one at a time.
+template <int R>
+void thin_rows(std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+               const float* b, std::int64_t ldb, float* c, std::int64_t ldc, const float* bias) {
+  std::int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    thin_tile<R, 4>(k, alpha, a, lda, b + j * ldb, ldb, c + j, ldc,
+                    bias == nullptr ? nullptr : bias + j);
+  }
+  for (; j < n; ++j) {
+    thin_tile<R, 1>(k, alpha, a, lda, b + j * ldb, ldb, c + j, ldc,
+                    bias == nullptr ? nullptr : bias + j);
+  }
+}
+
+// One row of A against B stored as [k, n] (not transposed), vectorized over n, with the sums
+// thin_tile makes: lane l of its accumulator takes the k indices p with p % lanes == l in
+// order, and the lanes are added in its tree (halves onto each other). Here accumulator l holds
+// lane l for a vector of columns, so each column comes out with exactly the bits a [n, k]
+// weight gives: a product's bits do not depend on its operands' orientation.
+void thin_row_columns(std::int64_t n, std::int64_t k, float alpha, const float* a,
+                      const float* b, std::int64_t ldb, float* c, const float* bias) {
+  constexpr std::int64_t L = Lanes::n;
+  for (std::int64_t j = 0; j < n; j += L) {
+    const std::int64_t width = std::min(L, n - j);
+    const auto load = [&](const float* p) {
+      return width == L ? Lanes::load(p) : Lanes::load_first(p, width);
+    };
+    typename Lanes::V acc[L];
+    for (auto& v : acc) v = Lanes::zero();
+    std::int64_t p = 0;
+    for (; p + L <= k; p += L) {
+      for (std::int64_t l = 0; l < L; ++l) {
+        acc[l] = Lanes::fma(Lanes::broadcast(a[p + l]), load(b + (p + l) * ldb + j), acc[l]);
+      }
+    }
+    if (p < k) {  // thin_tile's masked last load: 0 * 0 added in the lanes past k
+      for (std::int64_t l = 0; l < L; ++l) {
+        acc[l] = p + l < k ? Lanes::fma(Lanes::broadcast(a[p + l]), load(b + (p + l) * ldb + j),
+                                        acc[l])
+                           : Lanes::fma(Lanes::zero(), Lanes::zero(), acc[l]);
+      }
+    }
+    for (std::int64_t w = L / 2; w >= 4; w /= 2) {
+      for (std::int64_t l = 0; l < w; ++l) acc[l] = Lanes::add(acc[l], acc[l + w]);
+    }
+    typename Lanes::V out = Lanes::mul(
+        Lanes::broadcast(alpha),
+        Lanes::add(Lanes::add(acc[0], acc[2]), Lanes::add(acc[1], acc[3])));
+    if (bias != nullptr) out = Lanes::add(out, load(bias + j));
+    Lanes::store_first(c + j, width, out);
+  }
+}
+#endif
+
+// A product of at most kThinRows rows of A against B stored as [n, k] (a linear's weight: the
+// adaLN projection of one conditioning row, a decoding step's tokens) as dot products of
+// contiguous rows, on the calling thread. Reading the weight bounds these, and the libraries
+// first copy it into their own blocked layout (oneDNN: ~300 us for a 1536x256 weight on one
+// AVX-512 core, against ~60-150 us here). False (nothing written) for other products and on
+// kernel variants without FMA vectors. A column's value does not depend on n, so a product split
+// by columns rounds as a whole one does.
+constexpr std::int64_t kThinRows = 4;
+bool thin_gemm([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
+               [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
+               [[maybe_unused]] std::int64_t k, [[maybe_unused]] float alpha,
+               [[maybe_unused]] const float* a, [[maybe_unused]] std::int64_t lda,
+               [[maybe_unused]] const float* b, [[maybe_unused]] std::int64_t ldb,
+               [[maybe_unused]] float beta, [[maybe_unused]] float* c,
+               [[maybe_unused]] std::int64_t ldc, [[maybe_unused]] const float* bias) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  if (beta != 0.0f || m > kThinRows || m < 1 || k < 1) return false;
+  if (ta) {  // A stored [k, m]: its few rows copied out
+    thread_local std::vector<float> rows;
+    rows.resize(static_cast<std::size_t>(m * k));
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t p = 0; p < k; ++p) rows[r * k + p] = a[p * lda + r];
+    }
+    return thin_gemm(false, tb, m, n, k, alpha, rows.data(), k, b, ldb, beta, c, ldc, bias);
+  }
+  if (!tb) {
+    for (std::int64_t r = 0; r < m; ++r) {
+      thin_row_columns(n, k, alpha, a + r * lda, b, ldb, c + r * ldc, bias);
+    }
+    return true;
+  }
+  switch (m) {
+    case 1: thin_rows<1>(n, k, alpha, a, lda, b, ldb, c, ldc, bias); break;
+    case 2: thin_rows<2>(n, k, alpha, a, lda, b, ldb, c, ldc, bias); break;
+    case 3: thin_rows<3>(n, k, alpha, a, lda, b, ldb, c, ldc, bias); break;
+    default: thin_rows<4>(n, k, alpha, a, lda, b, ldb, c, ldc, bias); break;
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
 void openblas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                    float* c, std::int64_t ldc) {
@@ -217,6 +419,7 @@ bool preferred_onednn_gemm([[maybe_unused]] GemmArgs... args) {
 void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                 float* c, std::int64_t ldc, const float* bias) {
+  if (thin_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) return;
   if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) {
     openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb,
                   start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
@@ -265,6 +468,7 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
   }
   switch (library) {
     case GemmLibrary::this_thread:
+      if (thin_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, bias)) return;
       // Below ~32k multiply-adds Eigen's inlined product beats a library call.
       if (m * n * k >= (std::int64_t{1} << 15) &&
           preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n,
