@@ -5,7 +5,8 @@
 //    impl 1 = OpenBLAS sgemm, 1 thread;  2 = OpenBLAS sgemm, 2 threads;  3 = Eigen, 1 thread;
 //    4 = oneDNN matmul, 1 thread (when built with oneDNN).
 //    Shapes: a transformer block at hidden 256, sequence 32 (qkv, projection, MLP up/down), the
-//    DiT bench's M size (256 tokens: qkv, MLP up/down), and squares n = 256 and 1024.
+//    DiT bench's M size (256 tokens: qkv, MLP up/down), its adaLN projection of 1, 2 and 4
+//    conditioning rows (retrace's thin-product kernel), and squares n = 256 and 1024.
 //  BM_MatmulVsLibraries/<n>: the same, interleaved in one loop; `ratio` = retrace GFLOP/s over
 //    the best single-thread library (the acceptance figure at n = 256).
 //  BM_BandwidthVsMemcpy/<op>: GB/s of add (reads 2 x 16 MiB, writes 16 MiB) or softmax (reads
@@ -159,6 +160,7 @@ void matmul_shapes(benchmark::internal::Benchmark* b) {
   const std::vector<std::vector<std::int64_t>> shapes = {
       {32, 768, 256}, {32, 256, 256}, {32, 1024, 256}, {32, 256, 1024},
       {256, 768, 256}, {256, 1024, 256}, {256, 256, 1024},
+      {1, 1536, 256}, {2, 1536, 256}, {4, 1536, 256},
       {256, 256, 256}, {1024, 1024, 1024}};
   for (int impl = 0; impl < (RETRACE_HAVE_ONEDNN ? 5 : 4); ++impl) {
     for (const auto& s : shapes) b->Args({impl, s[0], s[1], s[2]});

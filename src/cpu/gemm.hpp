@@ -2,7 +2,10 @@
 // measured in bench/bench_ops.cpp: small products on the calling thread (Eigen; oneDNN from ~32k
 // multiply-adds on AVX-512 CPUs when built with it); from about a million multiply-adds up,
 // single-threaded library calls (oneDNN on AVX-512, else OpenBLAS) on blocks of C split over the
-// kernel threads.
+// kernel threads. On AVX2 and AVX-512 kernel variants a product of at most 4 rows of A (with beta
+// 0) is instead a set of dot products in vector lanes (the libraries first copy the whole of B
+// into a blocked layout, which dominates when A has a row or two); its bits do not depend on
+// whether A or B is stored transposed.
 #pragma once
 
 #include <cstdint>
