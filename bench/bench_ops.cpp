@@ -9,6 +9,8 @@
 //    conditioning rows (retrace's thin-product kernel), and squares n = 256 and 1024.
 //  BM_MatmulVsLibraries/<n>: the same, interleaved in one loop; `ratio` = retrace GFLOP/s over
 //    the best single-thread library (the acceptance figure at n = 256).
+//  BM_ThinLinear/<m>: a linear of m = 1..5 rows against a [1536, 256] weight, retrace beside
+//    oneDNN and Eigen on one thread; `ratio` = the faster library's time over retrace's.
 //  BM_BandwidthVsMemcpy/<op>: GB/s of add (reads 2 x 16 MiB, writes 16 MiB) or softmax (reads
 //    and writes 16 MiB) next to std::memcpy of 16 MiB, interleaved; `ratio` = op / memcpy.
 #include "cpu/isa.hpp"
@@ -34,11 +36,11 @@ using timing::seconds;
 
 // The sgemm of the kernel variant a device picks here (the libraries as the device calls them).
 void sgemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
-           float* c, cpu::GemmLibrary library) {
+           float* c, cpu::GemmLibrary library, bool trans_b = false) {
   static const cpu::KernelVariant& kernels =
       *cpu::choose_variant("", std::getenv("RETRACE_CPU_ISA"), cpu::this_cpu(), "bench")
            .variant;
-  kernels.sgemm(false, false, m, n, k, 1.0f, a, b, 0.0f, c, library, nullptr);
+  kernels.sgemm(false, trans_b, m, n, k, 1.0f, a, b, 0.0f, c, library, nullptr);
 }
 
 struct MatmulSetup {
@@ -125,6 +127,40 @@ void BM_MatmulVsLibraries(benchmark::State& state) {
   state.counters["ratio"] = ours / best;
 }
 
+// A linear of m rows against a [1536, 256] weight (the DiT's adaLN projection): retrace's
+// ops::linear replayed (the thin-product kernel for m <= 4 on AVX2/AVX-512 variants) against
+// oneDNN and Eigen on one thread given the same [n, k] weight, interleaved.
+void BM_ThinLinear(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = 1536, k = 256;
+  auto device = open_cpu_device();
+  std::vector<float> ha(static_cast<std::size_t>(m * k), 0.5f), hw(static_cast<std::size_t>(n * k), 0.25f),
+      hc(static_cast<std::size_t>(m * n));
+  const Tensor a = Tensor::from_vector<float>(ha, {m, k}, DType::float32).to_device(*device);
+  const Tensor w = Tensor::from_vector<float>(hw, {n, k}, DType::float32).to_device(*device);
+  device->begin_trace_capture(kDefaultQueue);
+  const Tensor out = ops::linear(a, w);
+  const TraceId trace = device->end_trace_capture(kDefaultQueue);
+  device->execute_trace(trace, kDefaultQueue, Blocking::yes);
+  std::vector<double> ours, onednn, eigen;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    device->execute_trace(trace, kDefaultQueue, Blocking::yes);
+    ours.push_back(seconds(t0, Clock::now()));
+    t0 = Clock::now();
+    sgemm(m, n, k, ha.data(), hw.data(), hc.data(), cpu::GemmLibrary::onednn, true);
+    onednn.push_back(seconds(t0, Clock::now()));
+    t0 = Clock::now();
+    sgemm(m, n, k, ha.data(), hw.data(), hc.data(), cpu::GemmLibrary::eigen, true);
+    eigen.push_back(seconds(t0, Clock::now()));
+  }
+  const double flops = 2.0 * static_cast<double>(m * n * k) * 1e-9;
+  state.counters["retrace_GFLOPs"] = flops / median(ours);
+  state.counters["onednn1_GFLOPs"] = flops / median(onednn);
+  state.counters["eigen1_GFLOPs"] = flops / median(eigen);
+  state.counters["ratio"] = std::min(median(onednn), median(eigen)) / median(ours);
+  device->release_trace(trace);
+}
+
 void BM_BandwidthVsMemcpy(benchmark::State& state) {
   const bool softmax = state.range(0) == 1;
   constexpr std::int64_t kFloats = (16 << 20) / 4;
@@ -172,6 +208,7 @@ void matmul_shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Matmul)->Apply(matmul_shapes)->MinTime(0.1);
 BENCHMARK(BM_MatmulVsLibraries)->Arg(256)->Arg(1024)->MinTime(0.5);
+BENCHMARK(BM_ThinLinear)->DenseRange(1, 5)->ArgName("m")->MinTime(0.3);
 BENCHMARK(BM_BandwidthVsMemcpy)->Arg(0)->Arg(1)->ArgName("softmax")->MinTime(0.5);
 
 BENCHMARK_MAIN();
