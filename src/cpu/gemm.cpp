@@ -356,13 +356,15 @@ void thin_row_columns(std::int64_t n, std::int64_t k, float alpha, const float* 
 }
 #endif
 
-// A product of at most kThinRows rows of A against B stored as [n, k] (a linear's weight: the
-// adaLN projection of one conditioning row, a decoding step's tokens) as dot products of
-// contiguous rows, on the calling thread. Reading the weight bounds these, and the libraries
-// first copy it into their own blocked layout (oneDNN: ~300 us for a 1536x256 weight on one
-// AVX-512 core, against ~60-150 us here). False (nothing written) for other products and on
-// kernel variants without FMA vectors. A column's value does not depend on n, so a product split
-// by columns rounds as a whole one does.
+// A product of at most kThinRows rows of A (the adaLN projection of one conditioning row, a
+// decoding step's tokens, the last rows of an attention block) on the calling thread: against
+// B stored as [n, k] (a linear's weight) as dot products of contiguous rows, against B stored
+// as [k, n] by thin_row_columns with the same sums, a transposed A copied out first. Reading
+// the weight bounds these, and the libraries first copy it into their own blocked layout
+// (oneDNN: ~300 us for a 1536x256 weight on one AVX-512 core, against 60-150 us here). False
+// (nothing written) for other products, with beta != 0, and on kernel variants without FMA
+// vectors. A column's value does not depend on n, so a product split by columns rounds as a
+// whole one does.
 constexpr std::int64_t kThinRows = 4;
 bool thin_gemm([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
                [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
