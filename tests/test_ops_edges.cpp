@@ -62,10 +62,8 @@ TEST_F(OpEdgesTest, LinearWithNoInputFeaturesGivesTheBias) {
 // depend on how many columns the product has, so a split over threads rounds as a whole does,
 // nor on whether the weight is stored [n, k] or [k, n].
 TEST_F(OpEdgesTest, ThinLinearsMatchAFloat64Reference) {
-  const std::string about = device().description();
-  const bool thin_kernels = testing::test_backend() == "cpu" &&
-                            (about.find("avx2 kernels") != std::string::npos ||
-                             about.find("avx512 kernels") != std::string::npos);
+  const std::string isa = cpu_kernel_isa(device());  // "" on other backends
+  const bool thin_kernels = isa == "avx2" || isa == "avx512";
   std::uint64_t salt = 700;
   for (std::int64_t m : {1, 2, 3, 4, 5}) {
     for (std::int64_t k : {1, 5, 16, 17, 40, 300}) {
@@ -74,9 +72,8 @@ TEST_F(OpEdgesTest, ThinLinearsMatchAFloat64Reference) {
         const std::vector<float> xs = testing::random_floats(m * k, ++salt);
         const std::vector<float> ws = testing::random_floats(n * k, ++salt);
         const std::vector<float> bs = testing::random_floats(n, ++salt);
-        const Tensor w = floats(ws, {n, k});
-        const std::vector<float> got =
-            ops::linear(floats(xs, {m, k}), w, floats(bs, {n})).to_vector<float>();
+        const Tensor x = floats(xs, {m, k}), w = floats(ws, {n, k}), bias = floats(bs, {n});
+        const std::vector<float> got = ops::linear(x, w, bias).to_vector<float>();
         ASSERT_EQ(got.size(), static_cast<std::size_t>(m * n));
         for (std::int64_t r = 0; r < m; ++r) {
           for (std::int64_t j = 0; j < n; ++j) {
@@ -89,14 +86,13 @@ TEST_F(OpEdgesTest, ThinLinearsMatchAFloat64Reference) {
           }
         }
         if (thin_kernels && m <= 4 && n > 1) {
-          const Tensor x = floats(xs, {m, k});
           const std::int64_t j = n - 1;
           const std::vector<float> alone =
               ops::linear(x, ops::slice(w, 0, j, n), floats({bs[j]}, {1})).to_vector<float>();
           for (std::int64_t r = 0; r < m; ++r) EXPECT_EQ(alone[r], got[r * n + j]) << r;
           const Tensor w_kn = ops::contiguous(ops::transpose(w, 0, 1));
-          const Tensor product = ops::add(ops::matmul(x, w_kn), floats(bs, {n}));
-          const Tensor product_nk = ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), floats(bs, {n}));
+          const Tensor product = ops::add(ops::matmul(x, w_kn), bias);
+          const Tensor product_nk = ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), bias);
           EXPECT_EQ(product.to_vector<float>(), product_nk.to_vector<float>());
           const Tensor xt = ops::transpose(ops::contiguous(ops::transpose(x, 0, 1)), 0, 1);
           EXPECT_EQ(ops::matmul(xt, w_kn).to_vector<float>(),

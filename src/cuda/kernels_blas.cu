@@ -98,7 +98,7 @@ enum class LtResult { not_applicable, done, failed };
 LtResult lt_matmul_bias(const MatmulParams& p, const LaunchContext& ctx,
                         cublasStatus_t* blas_status) {
   if (ctx.cublas_lt == nullptr || p.bias == nullptr || matmul_batches(p) != 1 || p.k == 0 ||
-      p.m == 0 || p.n == 0 || alignment_of(p.bias) < 16) {  // (a bias sliced at any element)
+      p.m == 0 || p.n == 0 || !aligned16(p.bias)) {  // (a bias sliced at any element)
     return LtResult::not_applicable;
   }
   const auto ok = [](cublasStatus_t status) { return status == CUBLAS_STATUS_SUCCESS; };
