@@ -44,6 +44,8 @@ test-python: python
 demo-python: python
 	$(PYTHON) -m retrace.demo
 
+# The sanitizer presets keep line tables only (-g1: file:line in every report, inlined frames
+# included) and compress them (-gz): full debug info made the ASan tree ~3 GB.
 test-asan: setup
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS)
