@@ -9,7 +9,7 @@ namespace retrace::cpu {
 
 namespace {
 
-constexpr std::int64_t kParallelChunk = 1 << 16;  // elements per task, at least
+constexpr std::int64_t kParallelChunk = kMinTaskElements;
 
 template <BinaryOp op, class T>
 void binary_kernel(const std::byte* raw) {
@@ -65,7 +65,7 @@ void unary_kernel(const std::byte* raw) {
   const auto& p = params_as<UnaryParams>(raw);
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
-  parallel_for(p.count, kParallelChunk / 8, [&](std::int64_t begin, std::int64_t end) {
+  parallel_for(p.count, kParallelChunk, [&](std::int64_t begin, std::int64_t end) {
     unary_loop<op, T>(a + begin, out + begin, end - begin);
   });
 }

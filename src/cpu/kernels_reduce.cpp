@@ -14,7 +14,7 @@ namespace retrace::cpu {
 
 namespace {
 
-constexpr std::int64_t kElementsPerTask = 1 << 15;
+constexpr std::int64_t kElementsPerTask = kMinTaskElements;
 
 // The sum of value(0) .. value(n - 1) in 16 interleaved partial sums, added up in order at the
 // end, then the tail: a fixed order whatever the vector width, so every kernel variant gives the

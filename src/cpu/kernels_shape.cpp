@@ -20,7 +20,7 @@ void strided_copy_kernel(const std::byte* raw) {
   const int last = p.rank - 1;
   const std::int64_t inner = p.shape[last];
   const std::int64_t ss = p.src_strides[last], ds = p.dst_strides[last];
-  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, 1 << 16),
+  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
                  for (std::int64_t row = begin; row < end; ++row) {
                    std::int64_t offsets[2];
