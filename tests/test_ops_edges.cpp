@@ -109,6 +109,58 @@ TEST_F(OpEdgesTest, ThinLinearsMatchAFloat64Reference) {
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(std::isnan(got[i]), i >= 9) << i;
 }
 
+// Elementwise, row-wise and copy kernels split their rows or elements over the process's kernel
+// threads (from 8192 elements a part); a device with kernel_threads = 1 runs them whole on its
+// queue's thread. Every element's value must not depend on where the split falls: both give the
+// same bits, at shapes around the split sizes and with odd extents whose parts end mid-vector.
+TEST(StreamingKernelThreads, TheKernelThreadsGiveTheBitsOfOneThread) {
+  if (testing::test_backend() != "cpu") GTEST_SKIP() << "the CPU device's kernel threads";
+  auto split = open_cpu_device(CpuDeviceOptions{.id = DeviceId{3}});
+  auto whole = open_cpu_device(CpuDeviceOptions{.id = DeviceId{4}, .kernel_threads = 1});
+  const std::vector<Shape> shapes = {{256, 256}, {257, 131}, {3, 40001}, {16385}, {2, 8193},
+                                     {64, 3, 129}};
+  std::uint64_t salt = 0;
+  for (const Shape& shape : shapes) {
+    for (DType dtype : {DType::float32, DType::bfloat16}) {
+      const auto n = static_cast<std::size_t>(shape.numel());
+      std::vector<float> a_values = testing::random_floats(n, ++salt, -4.0f, 4.0f);
+      a_values[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      a_values[n - 1] = std::numeric_limits<float>::infinity();
+      const std::vector<float> b_values = testing::random_floats(n, ++salt, -4.0f, 4.0f);
+      const std::int64_t last = shape.dims().back();
+      const std::vector<float> row_values =
+          testing::random_floats(static_cast<std::size_t>(last), ++salt);
+      auto run = [&](Device& device) {
+        const Tensor a = testing::device_tensor(device, a_values, shape, dtype);
+        const Tensor b = testing::device_tensor(device, b_values, shape, dtype);
+        const Tensor row = testing::device_tensor(device, row_values, Shape({last}), dtype);
+        const std::int64_t rank = static_cast<std::int64_t>(shape.rank());
+        std::vector<Tensor> results = {
+            ops::add(a, b),          ops::mul(a, row),   ops::mul(ops::sub(a, b), 0.37),
+            ops::gelu_tanh(a),       ops::exp(a),        ops::silu(b),
+            ops::gelu(b),            ops::softmax(a),    ops::layer_norm(b, row, row),
+            ops::rms_norm(a, row),   ops::sum(b),        ops::max(a),
+            ops::contiguous(ops::transpose(a, 0, rank - 1)),
+        };
+        std::vector<std::vector<std::uint32_t>> bits;
+        for (const Tensor& r : results) {
+          std::vector<std::uint32_t> v;
+          for (float f : r.to_vector<float>()) v.push_back(std::bit_cast<std::uint32_t>(f));
+          bits.push_back(std::move(v));
+        }
+        return bits;
+      };
+      const auto on_threads = run(*split);
+      const auto on_one = run(*whole);
+      ASSERT_EQ(on_threads.size(), on_one.size());
+      for (std::size_t i = 0; i < on_one.size(); ++i) {
+        EXPECT_EQ(on_threads[i], on_one[i]) << "result " << i << " of " << fmt::format("{}", shape) << " in "
+                                            << dtype_name(dtype);
+      }
+    }
+  }
+}
+
 TEST_F(OpEdgesTest, HalfPrecisionLinearRoundsItsOutputOnce) {
   // x w = 0.5 + t lies halfway between 0.5 and the next value up (ties go to 0.5), and the bias
   // -0.5 leaves t, which the dtype holds exactly: rounded once the output is t; rounding x w
