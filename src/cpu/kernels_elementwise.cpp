@@ -9,8 +9,6 @@ namespace retrace::cpu {
 
 namespace {
 
-constexpr std::int64_t kParallelChunk = kMinTaskElements;
-
 template <BinaryOp op, class T>
 void binary_kernel(const std::byte* raw) {
   const auto& p = params_as<BinaryParams>(raw);
@@ -22,13 +20,13 @@ void binary_kernel(const std::byte* raw) {
   const std::int64_t as = p.a_strides[last], bs = p.b_strides[last];
   const std::int64_t outer = outer_rows(p.shape, p.rank);
   if (outer == 1 && as == 1 && bs == 1) {  // same shapes: one contiguous loop
-    parallel_for(inner, kParallelChunk, [&](std::int64_t begin, std::int64_t end) {
+    parallel_for(inner, kMinTaskElements, [&](std::int64_t begin, std::int64_t end) {
       binary_loop<op, T>(a + begin, b + begin, out + begin, end - begin);
     });
     return;
   }
   using E = Elem<T>;
-  parallel_for(outer, rows_per_task(inner, kParallelChunk),
+  parallel_for(outer, rows_per_task(inner, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
                  for (std::int64_t row = begin; row < end; ++row) {
                    std::int64_t offsets[2];
@@ -55,7 +53,7 @@ void binary_scalar_kernel(const std::byte* raw) {
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
   const auto s = static_cast<typename Elem<T>::compute>(p.scalar);
-  parallel_for(p.count, kParallelChunk, [&](std::int64_t begin, std::int64_t end) {
+  parallel_for(p.count, kMinTaskElements, [&](std::int64_t begin, std::int64_t end) {
     binary_scalar_loop<op, T>(a + begin, out + begin, end - begin, s);
   });
 }
@@ -65,7 +63,7 @@ void unary_kernel(const std::byte* raw) {
   const auto& p = params_as<UnaryParams>(raw);
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
-  parallel_for(p.count, kParallelChunk, [&](std::int64_t begin, std::int64_t end) {
+  parallel_for(p.count, kMinTaskElements, [&](std::int64_t begin, std::int64_t end) {
     unary_loop<op, T>(a + begin, out + begin, end - begin);
   });
 }
@@ -89,7 +87,7 @@ void compare_kernel(const std::byte* raw) {
   const int last = p.rank - 1;
   const std::int64_t inner = p.shape[last];
   const std::int64_t as = p.a_strides[last], bs = p.b_strides[last];
-  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kParallelChunk),
+  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
                  for (std::int64_t row = begin; row < end; ++row) {
                    std::int64_t offsets[2];
@@ -113,7 +111,7 @@ void where_kernel(const std::byte* raw) {
   const int last = p.rank - 1;
   const std::int64_t inner = p.shape[last];
   const std::int64_t cs = p.cond_strides[last], as = p.a_strides[last], bs = p.b_strides[last];
-  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kParallelChunk),
+  parallel_for(outer_rows(p.shape, p.rank), rows_per_task(inner, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
                  for (std::int64_t row = begin; row < end; ++row) {
                    std::int64_t offsets[3];

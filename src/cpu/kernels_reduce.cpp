@@ -14,8 +14,6 @@ namespace retrace::cpu {
 
 namespace {
 
-constexpr std::int64_t kElementsPerTask = kMinTaskElements;
-
 // The sum of value(0) .. value(n - 1) in 16 interleaved partial sums, added up in order at the
 // end, then the tail: a fixed order whatever the vector width, so every kernel variant gives the
 // same bits, and one that vectorises (a single running sum is one long dependency chain, 4
@@ -57,7 +55,7 @@ void reduce_kernel(const std::byte* raw) {
   T* out = static_cast<T*>(p.out);
   if (p.op == ReduceOp::argmax) {
     auto* index = static_cast<std::int32_t*>(p.out);
-    parallel_for(p.rows, rows_per_task(p.cols, kElementsPerTask),
+    parallel_for(p.rows, rows_per_task(p.cols, kMinTaskElements),
                  [&](std::int64_t begin, std::int64_t end) {
                    for (std::int64_t r = begin; r < end; ++r) {
                      index[r] = argmax_row(a + r * p.cols, p.cols);
@@ -66,7 +64,7 @@ void reduce_kernel(const std::byte* raw) {
     return;
   }
   parallel_for(
-      p.rows, rows_per_task(p.cols, kElementsPerTask), [&](std::int64_t begin, std::int64_t end) {
+      p.rows, rows_per_task(p.cols, kMinTaskElements), [&](std::int64_t begin, std::int64_t end) {
         for (std::int64_t r = begin; r < end; ++r) {
           const T* row = a + r * p.cols;
           float acc = p.op == ReduceOp::max ? -std::numeric_limits<float>::infinity() : 0.0f;
@@ -90,7 +88,7 @@ void softmax_kernel(const std::byte* raw) {
   const auto& p = params_as<SoftmaxParams>(raw);
   const T* a = static_cast<const T*>(p.a);
   T* out = static_cast<T*>(p.out);
-  parallel_for(p.rows, rows_per_task(p.cols, kElementsPerTask),
+  parallel_for(p.rows, rows_per_task(p.cols, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
                  for (std::int64_t r = begin; r < end; ++r) {
                    if constexpr (std::is_same_v<T, float>) {
@@ -117,7 +115,7 @@ void norm_kernel(const std::byte* raw) {
   const T* b = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
   const auto cols = static_cast<float>(p.cols);
-  parallel_for(p.rows, rows_per_task(p.cols, kElementsPerTask),
+  parallel_for(p.rows, rows_per_task(p.cols, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
                  for (std::int64_t r = begin; r < end; ++r) {
                    const T* row = a + r * p.cols;
