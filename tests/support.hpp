@@ -169,6 +169,13 @@ inline std::string scratch_dir(std::string_view suite) {
   return dir.string();
 }
 
+// The bit patterns of a tensor's values read as float32, for bit-for-bit comparisons.
+inline std::vector<std::uint32_t> float_bits(const Tensor& t) {
+  std::vector<std::uint32_t> out;
+  for (float v : t.to_vector<float>()) out.push_back(std::bit_cast<std::uint32_t>(v));
+  return out;
+}
+
 inline Tensor device_tensor(Device& device, const std::vector<float>& values, const Shape& shape,
                             DType dtype = DType::float32, Layout layout = Layout::row_major) {
   return Tensor::from_vector<float>(values, shape, dtype, layout).to_device(device);

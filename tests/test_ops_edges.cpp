@@ -143,19 +143,15 @@ TEST(StreamingKernelThreads, TheKernelThreadsGiveTheBitsOfOneThread) {
             ops::contiguous(ops::transpose(a, 0, rank - 1)),
         };
         std::vector<std::vector<std::uint32_t>> bits;
-        for (const Tensor& r : results) {
-          std::vector<std::uint32_t> v;
-          for (float f : r.to_vector<float>()) v.push_back(std::bit_cast<std::uint32_t>(f));
-          bits.push_back(std::move(v));
-        }
+        for (const Tensor& r : results) bits.push_back(testing::float_bits(r));
         return bits;
       };
       const auto on_threads = run(*split);
       const auto on_one = run(*whole);
       ASSERT_EQ(on_threads.size(), on_one.size());
       for (std::size_t i = 0; i < on_one.size(); ++i) {
-        EXPECT_EQ(on_threads[i], on_one[i]) << "result " << i << " of " << fmt::format("{}", shape) << " in "
-                                            << dtype_name(dtype);
+        EXPECT_EQ(on_threads[i], on_one[i])
+            << "result " << i << " of " << fmt::format("{}", shape) << " in " << dtype_name(dtype);
       }
     }
   }
@@ -510,37 +506,32 @@ TEST_F(OpEdgesTest, OutFormsOfProductsAndRowOps) {
     return device_tensor(device(), testing::random_floats(static_cast<std::size_t>(shape.numel()), salt),
                          shape);
   };
-  auto bits = [](const Tensor& t) {
-    std::vector<std::uint32_t> out;
-    for (float v : t.to_vector<float>()) out.push_back(std::bit_cast<std::uint32_t>(v));
-    return out;
-  };
   const Tensor a = random({2, 5, 8}, 1), b = random({8, 6}, 2), w = random({6, 8}, 3);
   const Tensor bias = random({6}, 4), gamma = random({8}, 5), beta = random({8}, 6);
   const Tensor q = random({1, 2, 5, 8}, 7), k = random({1, 2, 7, 8}, 8), v = random({1, 2, 7, 4}, 9);
   const Tensor mask = random({7}, 10);
   Tensor out = ops::full({2, 5, 6}, 0.0, device());
   ops::matmul(a, b, out);
-  EXPECT_EQ(bits(out), bits(ops::matmul(a, b)));
+  EXPECT_EQ(testing::float_bits(out), testing::float_bits(ops::matmul(a, b)));
   ops::linear(a, w, bias, out);
-  EXPECT_EQ(bits(out), bits(ops::linear(a, w, bias)));
+  EXPECT_EQ(testing::float_bits(out), testing::float_bits(ops::linear(a, w, bias)));
   Tensor attn = ops::full({1, 2, 5, 4}, 0.0, device());
   ops::scaled_dot_product_attention(q, k, v, mask, 0.3, attn);
-  EXPECT_EQ(bits(attn), bits(ops::scaled_dot_product_attention(q, k, v, mask, 0.3)));
+  EXPECT_EQ(testing::float_bits(attn), testing::float_bits(ops::scaled_dot_product_attention(q, k, v, mask, 0.3)));
   Tensor rows = ops::full({2, 5, 8}, 0.0, device());
   ops::softmax(a, rows);
-  EXPECT_EQ(bits(rows), bits(ops::softmax(a)));
+  EXPECT_EQ(testing::float_bits(rows), testing::float_bits(ops::softmax(a)));
   ops::layer_norm(a, gamma, beta, 1e-5, rows);
-  EXPECT_EQ(bits(rows), bits(ops::layer_norm(a, gamma, beta, 1e-5)));
+  EXPECT_EQ(testing::float_bits(rows), testing::float_bits(ops::layer_norm(a, gamma, beta, 1e-5)));
   ops::rms_norm(a, gamma, 1e-6, rows);
-  EXPECT_EQ(bits(rows), bits(ops::rms_norm(a, gamma, 1e-6)));
+  EXPECT_EQ(testing::float_bits(rows), testing::float_bits(ops::rms_norm(a, gamma, 1e-6)));
   // In place.
   Tensor in_place = a.clone();
   ops::softmax(in_place, in_place);
-  EXPECT_EQ(bits(in_place), bits(ops::softmax(a)));
+  EXPECT_EQ(testing::float_bits(in_place), testing::float_bits(ops::softmax(a)));
   in_place = a.clone();
   ops::layer_norm(in_place, gamma, beta, 1e-5, in_place);
-  EXPECT_EQ(bits(in_place), bits(ops::layer_norm(a, gamma, beta, 1e-5)));
+  EXPECT_EQ(testing::float_bits(in_place), testing::float_bits(ops::layer_norm(a, gamma, beta, 1e-5)));
   // Refused: aliasing an operand the kernel reads while writing, a wrong shape or dtype.
   Tensor square = random({8, 8}, 11);
   EXPECT_RETRACE_ERROR(ops::matmul(square, square, square), invalid_argument,
@@ -564,9 +555,9 @@ TEST_F(OpEdgesTest, OutFormsOfProductsAndRowOps) {
         return traced_out;
       },
       device());
-  const std::vector<std::uint32_t> want = bits(ops::softmax(ops::linear(a, w, bias)));
-  EXPECT_EQ(bits(tracer(a)), want);
-  EXPECT_EQ(bits(tracer(a)), want);
+  const std::vector<std::uint32_t> want = testing::float_bits(ops::softmax(ops::linear(a, w, bias)));
+  EXPECT_EQ(testing::float_bits(tracer(a)), want);
+  EXPECT_EQ(testing::float_bits(tracer(a)), want);
 }
 
 }  // namespace

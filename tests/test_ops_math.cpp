@@ -267,15 +267,10 @@ TEST_F(OpMathTest, TracedEqualsEagerBitForBit) {
     y = ops::pow(ops::abs(y), ops::clamp(t, -2.0, 2.0));
     return ops::pow(y, 1.5);
   };
-  auto bits = [](const Tensor& t) {
-    std::vector<std::uint32_t> out;
-    for (float v : t.to_vector<float>()) out.push_back(std::bit_cast<std::uint32_t>(v));
-    return out;
-  };
-  const std::vector<std::uint32_t> eager = bits(program(x));
+  const std::vector<std::uint32_t> eager = testing::float_bits(program(x));
   auto tracer = make_tracer(program, device());
-  EXPECT_EQ(bits(tracer(x)), eager);
-  EXPECT_EQ(bits(tracer(x)), eager);  // a replay
+  EXPECT_EQ(testing::float_bits(tracer(x)), eager);
+  EXPECT_EQ(testing::float_bits(tracer(x)), eager);  // a replay
 }
 
 // arange: numpy's count, start + i * step in double rounded once, integers wrapping never
