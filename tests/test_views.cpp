@@ -189,6 +189,82 @@ TEST_F(ViewTest, ReshapeCopiesAStridedViewAndKeepsAContiguousOne) {
   EXPECT_EQ(t.clone().to_vector<float>(), flat.to_vector<float>());
 }
 
+TEST_F(ViewTest, ReshapeOfAViewIsAViewWhereStridesCanExpressIt) {
+  // The heads of a fused qkv projection: [B, T, 3, H, D] -> [3, B, H, T, D], chunk, drop the 1.
+  const std::int64_t batch = 2, tokens = 5, heads = 3, d = 4;
+  const Tensor qkv = iota({batch, tokens, 3 * heads * d});
+  device().synchronize();
+  const std::uint64_t before = commands();
+  const std::vector<Tensor> parts = ops::chunk(
+      ops::permute(ops::reshape(qkv, {batch, tokens, 3, heads, d}), {2, 0, 3, 1, 4}), 3, 0);
+  const Tensor k = ops::reshape(parts[1], {batch, heads, tokens, d});
+  // A stepped slice split into two dimensions, and one merged with an extent-1 neighbour.
+  const Tensor stepped = ops::reshape(ops::slice(iota({12}), 0, 0, 12, 2), {2, 3});
+  const Tensor column = ops::slice(iota({4, 6}), 1, 2, 3);  // [4, 1], stride 6
+  const Tensor merged = ops::reshape(column, {2, 2});
+  device().synchronize();
+  EXPECT_EQ(commands(), before);
+  EXPECT_EQ(k.buffer(), qkv.buffer());
+  EXPECT_EQ(std::vector<std::int64_t>(k.strides().begin(), k.strides().end()),
+            (std::vector<std::int64_t>{tokens * 3 * heads * d, d, 3 * heads * d, 1}));
+  EXPECT_EQ(k.storage_offset(), heads * d);
+  EXPECT_EQ(stepped.to_vector<float>(), (std::vector<float>{0, 2, 4, 6, 8, 10}));
+  EXPECT_EQ(std::vector<std::int64_t>(stepped.strides().begin(), stepped.strides().end()),
+            (std::vector<std::int64_t>{6, 2}));
+  EXPECT_EQ(merged.buffer(), column.buffer());
+  EXPECT_EQ(merged.to_vector<float>(), (std::vector<float>{2, 8, 14, 20}));
+  EXPECT_EQ(k.to_vector<float>(), ops::contiguous(k).to_vector<float>());
+  // Merging dimensions that do not step evenly (a transpose's) needs a copy.
+  const Tensor t = ops::transpose(iota({3, 4}), 0, 1);
+  EXPECT_NE(ops::reshape(t, {12}).buffer(), t.buffer());
+  EXPECT_NE(ops::reshape(k, {batch, heads, tokens * d}).buffer(), qkv.buffer());
+  EXPECT_NE(ops::reshape(k, {batch * heads, tokens, d}).buffer(), qkv.buffer());
+  const Tensor split = ops::reshape(k, {batch, heads, tokens, 2, d / 2});
+  EXPECT_EQ(split.buffer(), qkv.buffer());
+  EXPECT_EQ(split.to_vector<float>(), k.to_vector<float>());
+}
+
+TEST_F(ViewTest, AttentionReadsKeyValueCacheSlicesInPlace) {
+  // A key/value cache of max_s positions per head, sk of them filled, read by grouped-query
+  // attention (2 query heads per key/value head) and by multi-query attention through expand;
+  // q skips a head. Small products (Eigen on the CPU) and ones large enough for its libraries.
+  struct Case {
+    std::int64_t sq, sk, d, max_s;
+  };
+  const std::int64_t batch = 2, heads = 4, kv_heads = 2;
+  for (const Case& c : {Case{3, 6, 8, 16}, Case{150, 200, 64, 256}}) {
+    for (DType dtype : {DType::float32, DType::bfloat16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " sk " << c.sk);
+      auto values = [&](std::int64_t heads_, std::int64_t rows, std::uint64_t salt) {
+        return floats(random_floats(static_cast<std::size_t>(batch * heads_ * rows * c.d), salt),
+                      {batch, heads_, rows, c.d}, dtype);
+      };
+      const Tensor cache_k = values(kv_heads, c.max_s, 1), cache_v = values(kv_heads, c.max_s, 2);
+      const Tensor q = ops::slice(values(heads + 1, c.sq, 3), 1, 1, heads + 1);
+      const Tensor k = ops::slice(cache_k, 2, 0, c.sk), v = ops::slice(cache_v, 2, 0, c.sk);
+      // One key/value head for every query head (multi-query attention), by expand: stride 0.
+      const Tensor k_one = ops::slice(k, 1, 0, 1), v_one = ops::slice(v, 1, 0, 1);
+      const Tensor k_heads = ops::expand(k_one, {batch, heads, c.sk, c.d});
+      const Tensor v_heads = ops::expand(v_one, {batch, heads, c.sk, c.d});
+      ASSERT_EQ(k_heads.strides()[1], 0);
+      device().synchronize();
+      const std::uint64_t before = commands();
+      const Tensor grouped = ops::scaled_dot_product_attention(q, k, v);
+      const Tensor repeated = ops::scaled_dot_product_attention(q, k_heads, v_heads);
+      const Tensor causal = ops::scaled_dot_product_attention(q, k, v, {}, {}, ops::Causal::yes);
+      device().synchronize();
+      if (testing::test_backend() == "cpu") {
+        EXPECT_EQ(commands(), before + 3);  // no copies
+      }
+      EXPECT_EQ(bits(repeated), bits(ops::scaled_dot_product_attention(q, k_one, v_one)));
+      const Tensor qd = ops::contiguous(q), kd = ops::contiguous(k), vd = ops::contiguous(v);
+      EXPECT_EQ(bits(grouped), bits(ops::scaled_dot_product_attention(qd, kd, vd)));
+      EXPECT_EQ(bits(causal),
+                bits(ops::scaled_dot_product_attention(qd, kd, vd, {}, {}, ops::Causal::yes)));
+    }
+  }
+}
+
 TEST_F(ViewTest, MatmulReadsATransposedViewInPlace) {
   const Tensor a = floats(random_floats(5 * 7, 1), {5, 7});
   const Tensor b = floats(random_floats(6 * 7, 2), {6, 7});
@@ -285,6 +361,18 @@ std::vector<std::pair<const char*, ViewOp>> view_ops(Device& device) {
          return ops::repeat(x, r);
        }},
       {"reshape", [](const Tensor& x) { return ops::reshape(x, {-1}); }},
+      {"reshape adding extent-1 dimensions", [](const Tensor& x) {
+         std::vector<std::int64_t> dims{1};
+         for (std::int64_t d : x.shape().dims()) {
+           dims.push_back(d);
+           dims.push_back(1);
+         }
+         return ops::reshape(x, dims);
+       }},
+      {"attention", [](const Tensor& x) {
+         if (x.shape().rank() < 3) return ops::mul(x, x);
+         return ops::scaled_dot_product_attention(x, x, x);
+       }},
       {"permute of view", [](const Tensor& x) {
          std::vector<std::int64_t> r(x.shape().rank());
          for (std::size_t i = 0; i < r.size(); ++i) r[i] = static_cast<std::int64_t>(r.size() - 1 - i);
@@ -310,6 +398,49 @@ std::vector<std::pair<const char*, ViewOp>> view_ops(Device& device) {
        }},
   };
   return list;
+}
+
+TEST_F(ViewTest, RandomReshapesOfViewsGiveTheElementsOfTheirDenseCopies) {
+  std::mt19937_64 rng(testing::test_seed() + 79);
+  int views = 0, copies = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const RandomView rv = random_view(device(), rng, DType::float32, static_cast<std::uint64_t>(trial));
+    // A random shape of the same element count: the extents split into factors and regrouped.
+    std::vector<std::int64_t> factors;
+    for (std::int64_t extent : rv.view.shape().dims()) {
+      for (std::int64_t f = 2; f <= extent; ++f) {
+        while (extent % f == 0) {
+          factors.push_back(f);
+          extent /= f;
+        }
+      }
+      if (extent == 0) factors.push_back(0);
+    }
+    std::vector<std::int64_t> dims;
+    for (std::int64_t f : factors) {
+      if (!dims.empty() && std::uniform_int_distribution<int>(0, 2)(rng) == 0) {
+        dims.back() *= f;
+      } else {
+        dims.push_back(f);
+      }
+      if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) dims.push_back(1);
+    }
+    if (dims.size() > Shape::kMaxRank) continue;
+    SCOPED_TRACE(::testing::Message() << rv.view.to_string() << " -> " << dims.size() << " dims");
+    device().synchronize();
+    const std::uint64_t before = commands();
+    const Tensor r = ops::reshape(rv.view, dims);
+    device().synchronize();
+    // A view (same storage, no command) or a dense copy (one command).
+    const bool view = r.buffer() == rv.base.buffer();
+    (view ? views : copies) += rv.view.numel() > 0 && !rv.view.is_contiguous() ? 1 : 0;
+    EXPECT_EQ(commands(), before + (view || r.numel() == 0 ? 0 : 1));
+    EXPECT_EQ(r.to_vector<float>(), ops::contiguous(rv.view).to_vector<float>());
+    EXPECT_EQ(r.shape(), Shape(std::span<const std::int64_t>(dims)));
+  }
+  // Both outcomes were exercised on strided views.
+  EXPECT_GT(views, 20);
+  EXPECT_GT(copies, 20);
 }
 
 TEST_F(ViewTest, EveryOpGivesOnAViewWhatItGivesOnADenseCopy) {

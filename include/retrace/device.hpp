@@ -231,6 +231,9 @@ class Device final {
   // Whether the device has an implementation of the kernel. An op whose kernel (or dtype, or
   // size) a device lacks raises an `unimplemented` error naming the op and the device.
   [[nodiscard]] bool supports(KernelId kernel) const noexcept;
+  // Why the device would refuse this launch (its kernel lacks the dtype, size or operand
+  // layout), or nullptr when enqueue would take it. Ops use it to pick a form the device runs.
+  [[nodiscard]] const char* unsupported_reason(const KernelLaunch& launch) const noexcept;
   // "queue 1 of cpu:0"
   [[nodiscard]] std::string queue_label(QueueId queue) const;
   // What the device runs on ("NVIDIA H200 (sm_90, 139.8 GiB)", "2 cores, AVX2 kernels"), or "".

@@ -238,7 +238,11 @@ struct TilizeParams {
 // out = softmax(q k^T * scale + mask) v per (batch, head); q [B,H,Sq,D], k [B,Hkv,Sk,D],
 // v [B,Hkv,Sk,Dv] with Hkv = kv_heads dividing H (grouped-query attention: query head h reads
 // key/value head h / (H / Hkv); 0 means H), mask broadcast to [B,H,Sq,Sk] with the given
-// batch/head/row strides (elements; 0 where the mask broadcasts).
+// batch/head/row strides (elements; 0 where the mask broadcasts). q, k, v and out are addressed
+// through their (batch, head, row) element strides, each row's D (Dv) elements contiguous:
+// set_dense_attention_strides gives the strides of dense [B,H,S,D] arrays, and backends that
+// only take those refuse others (Backend::unsupported_reason), so the op copies the operands
+// densely first there.
 struct AttentionParams {
   const void* q;
   const void* k;
@@ -250,10 +254,47 @@ struct AttentionParams {
   std::int64_t mask_batch_stride;
   std::int64_t mask_head_stride;
   std::int64_t mask_row_stride;
+  std::int64_t q_strides[3];  // batch, head, row
+  std::int64_t k_strides[3];
+  std::int64_t v_strides[3];
+  std::int64_t out_strides[3];
   float scale;
   DType dtype;
   bool causal;  // key j is masked out for query i when j > i (top-left aligned, as torch)
 };
+
+// The strides of dense [B,H,Sq,D] q, [B,Hkv,Sk,D] k, [B,Hkv,Sk,Dv] v and [B,H,Sq,Dv] out, from
+// the sizes already set.
+struct AttentionStrides {
+  std::int64_t q[3], k[3], v[3], out[3];
+};
+[[nodiscard]] constexpr AttentionStrides dense_attention_strides(const AttentionParams& p) noexcept {
+  const std::int64_t kv = p.kv_heads > 0 ? p.kv_heads : p.heads;
+  return {{p.heads * p.sq * p.d, p.sq * p.d, p.d},
+          {kv * p.sk * p.d, p.sk * p.d, p.d},
+          {kv * p.sk * p.dv, p.sk * p.dv, p.dv},
+          {p.heads * p.sq * p.dv, p.sq * p.dv, p.dv}};
+}
+constexpr void set_dense_attention_strides(AttentionParams& p) noexcept {
+  const AttentionStrides s = dense_attention_strides(p);
+  for (int i = 0; i < 3; ++i) {
+    p.q_strides[i] = s.q[i];
+    p.k_strides[i] = s.k[i];
+    p.v_strides[i] = s.v[i];
+    p.out_strides[i] = s.out[i];
+  }
+}
+// Whether every operand has the strides set_dense_attention_strides gives.
+[[nodiscard]] constexpr bool has_dense_attention_strides(const AttentionParams& p) noexcept {
+  const AttentionStrides s = dense_attention_strides(p);
+  for (int i = 0; i < 3; ++i) {
+    if (p.q_strides[i] != s.q[i] || p.k_strides[i] != s.k[i] || p.v_strides[i] != s.v[i] ||
+        p.out_strides[i] != s.out[i]) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // The key/value head (batch included) that query head `bh` (batch * heads + head) reads.
 [[nodiscard]] constexpr std::int64_t attention_kv_index(const AttentionParams& p,

@@ -268,7 +268,10 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 // key/value head h / (H / Hkv), as torch's enable_gqa); mask (optional: additive in q's dtype,
 // or bool, true where a key takes part, as torch's) broadcasts to [B, H, Sq, Sk] from [Sk], [Sq or 1, Sk],
 // [H or 1, Sq or 1, Sk] or [B or 1, H or 1, Sq or 1, Sk] (e.g. a key-padding mask [B, 1, 1, Sk]);
-// scale defaults to 1/sqrt(D).
+// scale defaults to 1/sqrt(D). q, k and v may be views: where each head's [S, D] rows are dense
+// (a key/value cache sliced along S, heads repeated by expand, every other head) the CPU
+// device reads them in place; other views, and views on devices whose kernel takes only dense
+// operands (CUDA), are copied dense first. The result is the same either way, bit for bit.
 [[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,
                                                   const Tensor& v, const Tensor& mask = {},
                                                   std::optional<double> scale = std::nullopt,
@@ -286,8 +289,10 @@ enum class Causal : bool { no = false, yes = true };
 
 // --- shapes and layouts -------------------------------------------------------------------------
 
-// A view (same storage) for row-major tensors; one extent may be -1 (inferred). A strided view
-// (not contiguous) is copied dense first, as torch's reshape does.
+// A view (same storage) for row-major tensors; one extent may be -1 (inferred). As torch's
+// reshape: a strided view stays a view when strides can express the new shape (dimensions
+// merged only where their elements step evenly, such as dropping or adding extent-1 dimensions,
+// or splitting one), and is copied dense first otherwise.
 [[nodiscard]] Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape);
 [[nodiscard]] Tensor reshape(const Tensor& a, std::initializer_list<std::int64_t> shape);
 // Views (no copy): the dimensions reordered, two swapped.

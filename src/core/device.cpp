@@ -154,6 +154,11 @@ bool Device::supports(Capability capability) const noexcept {
 
 bool Device::supports(KernelId kernel) const noexcept { return core_->backend->supports(kernel); }
 
+const char* Device::unsupported_reason(const KernelLaunch& launch) const noexcept {
+  if (!core_->backend->supports(launch.kernel)) return "this kernel";
+  return core_->backend->unsupported_reason(launch);
+}
+
 Backend& Device::backend_impl() const noexcept { return *core_->backend; }
 
 std::string Device::description() const { return core_->backend->description(); }

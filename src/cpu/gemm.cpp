@@ -34,8 +34,10 @@ namespace retrace::cpu {
 
 namespace {
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const RowMatrix>;
-using Map = Eigen::Map<RowMatrix>;
+// Row-major matrices with a leading dimension (elements from one row to the next).
+using Stride = Eigen::OuterStride<>;
+using ConstMap = Eigen::Map<const RowMatrix, Eigen::Unaligned, Stride>;
+using Map = Eigen::Map<RowMatrix, Eigen::Unaligned, Stride>;
 
 // For a library that adds the product to C: with a bias (beta is then 0), C's rows start as the
 // bias and the product is added with beta 1; returns the beta to pass on.
@@ -47,10 +49,11 @@ float start_from_bias(const float* bias, std::int64_t m, std::int64_t n, float* 
 }
 
 void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                const float* a, const float* b, float beta, float* c) {
-  Map out(c, m, n);
-  const ConstMap a_map(a, ta ? k : m, ta ? m : k);
-  const ConstMap b_map(b, tb ? n : k, tb ? k : n);
+                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                float* c, std::int64_t ldc) {
+  Map out(c, m, n, Stride(ldc));
+  const ConstMap a_map(a, ta ? k : m, ta ? m : k, Stride(lda));
+  const ConstMap b_map(b, tb ? n : k, tb ? k : n, Stride(ldb));
   if (beta == 0.0f) out.setZero();
   else if (beta != 1.0f) out *= beta;
   if (!ta && !tb) out.noalias() += alpha * a_map * b_map;
@@ -440,18 +443,18 @@ void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 // split, so the result does not depend on the number of threads.
 void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                float* c, const float* bias) {
+                float* c, std::int64_t ldc, const float* bias) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   constexpr std::int64_t kMinRows = 8, kMinColumns = 64;
   if (m >= 2 * kMinRows || n < 2 * kMinColumns) {
     parallel_for(m, kMinRows, [&](std::int64_t begin, std::int64_t end) {
-      block_gemm(ta, tb, end - begin, n, k, alpha, ta ? a + begin : a + begin * k, lda, b, ldb,
-                 beta, c + begin * n, n, bias);
+      block_gemm(ta, tb, end - begin, n, k, alpha, ta ? a + begin : a + begin * lda, lda, b, ldb,
+                 beta, c + begin * ldc, ldc, bias);
     });
   } else {
     parallel_for(n, kMinColumns, [&](std::int64_t begin, std::int64_t end) {
-      block_gemm(ta, tb, m, end - begin, k, alpha, a, lda, tb ? b + begin * k : b + begin, ldb,
-                 beta, c + begin, n, bias == nullptr ? nullptr : bias + begin);
+      block_gemm(ta, tb, m, end - begin, k, alpha, a, lda, tb ? b + begin * ldb : b + begin, ldb,
+                 beta, c + begin, ldc, bias == nullptr ? nullptr : bias + begin);
     });
   }
 }
@@ -461,34 +464,45 @@ void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, const float* b, float beta, float* c, GemmLibrary library,
            const float* bias) {
+  sgemm_strided(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta,
+                c, n, library, bias);
+}
+
+void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const float* a, std::int64_t lda, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc, GemmLibrary library,
+                   const float* bias) {
   RETRACE_ASSERT(bias == nullptr || beta == 0.0f, "sgemm: a bias with beta {}", beta);
   // A device whose kernels keep to one thread: the calling thread at every size (OpenBLAS
   // would hand the product to its own threads, which concurrent callers contend for).
-  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (library == GemmLibrary::automatic) {
     library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
     if (library == GemmLibrary::automatic) {
-      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, bias);
+      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
       return;
     }
   }
   switch (library) {
     case GemmLibrary::this_thread:
-      if (thin_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, bias)) return;
+      if (thin_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) {
+        return;
+      }
       // Below ~32k multiply-adds Eigen's inlined product beats a library call.
       if (m * n * k >= (std::int64_t{1} << 15) &&
-          preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n,
+          preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                                 bias)) {
         return;
       }
       [[fallthrough]];
     case GemmLibrary::eigen:
-      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, b,
-                 start_from_bias(bias, m, n, c, n, beta), c);
+      eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                 start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
       return;
     case GemmLibrary::onednn:
 #if RETRACE_HAVE_ONEDNN
-      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, n, bias)) return;
+      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) {
+        return;
+      }
 #endif
       break;  // not built, or refused: OpenBLAS below
     case GemmLibrary::openblas:
@@ -497,7 +511,7 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
   }
   // OpenBLAS as the process has it configured (its own threads): what benchmarks compare with.
   openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
-                start_from_bias(bias, m, n, c, n, beta), c, n);
+                start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
 }
 
 }  // namespace retrace::cpu

@@ -29,6 +29,13 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
            const float* a, const float* b, float beta, float* c,
            GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
 
+// The same with the operands' leading dimensions (elements from one stored row to the next:
+// at least k for an A[m, k], m for a transposed one, and so on): blocks of larger matrices.
+void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const float* a, std::int64_t lda, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+
 // What `automatic` does with a shape: this_thread, or automatic for a product split over the
 // kernel threads.
 [[nodiscard]] GemmLibrary gemm_choice(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;

@@ -77,10 +77,33 @@ void matmul_kernel(const std::byte* raw) {
   }
 }
 
+// `rows` rows of `cols` elements of T, `ld` apart, as float32 rows for the products: the data
+// itself for float rows that do not overlap, a dense (converted) copy in scratch `slot`
+// otherwise (other types; rows repeated by a row stride of 0). Sets `ld_out` to the result's
+// row distance.
+template <class T>
+const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                           int slot, std::int64_t& ld_out) {
+  if (std::is_same_v<T, float> && (rows <= 1 || ld == cols)) {
+    ld_out = cols;
+    return reinterpret_cast<const float*>(data);
+  } else {
+    float* out = scratch(slot, rows * cols);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = Elem<T>::load(data, r * ld + c);
+    }
+    ld_out = cols;
+    return out;
+  }
+}
+
 // Attention by blocks of query rows: each block's scores [rows, keys] stay in the core's cache
 // between the two products and the softmax (a full [queries, keys] matrix does not, at a few
 // thousand tokens), and (batch, head, block) items spread evenly over the kernel threads. With
 // a causal mask a block's keys stop after its last row: the keys past it would have weight 0.
+// q, k, v and out are read and written through their strides (rows of a fused qkv projection,
+// a slice of a key/value cache) as the products' leading dimensions: the values do not depend
+// on them.
 template <class T>
 void attention_kernel(const std::byte* raw) {
   const auto& p = params_as<AttentionParams>(raw);
@@ -89,27 +112,34 @@ void attention_kernel(const std::byte* raw) {
   // bench's L size, fewer library calls), fewer for longer rows, at least 16.
   const std::int64_t kBlockRows =
       std::clamp<std::int64_t>((std::int64_t{1} << 17) / std::max<std::int64_t>(p.sk, 1), 16, 128);
-  const std::int64_t q_size = p.sq * p.d, k_size = p.sk * p.d, v_size = p.sk * p.dv;
   const std::int64_t blocks = (p.sq + kBlockRows - 1) / kBlockRows;
+  const std::int64_t kv_heads = p.kv_heads > 0 ? p.kv_heads : p.heads;
   parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
-    std::int64_t loaded_kv = -1;  // the key/value head whose float32 copies are in scratch
+    std::int64_t loaded_kv = -1;  // the key/value head whose float32 rows k and v point at
     const float* k = nullptr;
     const float* v = nullptr;
+    std::int64_t ldk = 0, ldv = 0;
     for (std::int64_t item = begin; item < end; ++item) {
       const std::int64_t bh = item / blocks, r0 = item % blocks * kBlockRows;
       const std::int64_t rows = std::min(kBlockRows, p.sq - r0);
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       const std::int64_t kv = attention_kv_index(p, bh);
       if (kv != loaded_kv) {
-        k = as_float(static_cast<const T*>(p.k) + kv * k_size, k_size, 1);
-        v = as_float(static_cast<const T*>(p.v) + kv * v_size, v_size, 4);
+        const std::int64_t kh = kv % kv_heads;
+        k = rows_as_float(static_cast<const T*>(p.k) + b * p.k_strides[0] + kh * p.k_strides[1],
+                          p.sk, p.d, p.k_strides[2], 1, ldk);
+        v = rows_as_float(static_cast<const T*>(p.v) + b * p.v_strides[0] + kh * p.v_strides[1],
+                          p.sk, p.dv, p.v_strides[2], 4, ldv);
         loaded_kv = kv;
       }
       const std::int64_t cols = p.causal ? std::min(p.sk, r0 + rows) : p.sk;
-      const float* q = as_float(static_cast<const T*>(p.q) + bh * q_size + r0 * p.d,
-                                rows * p.d, 0);
+      std::int64_t ldq = 0;
+      const float* q = rows_as_float(static_cast<const T*>(p.q) + b * p.q_strides[0] +
+                                         h * p.q_strides[1] + r0 * p.q_strides[2],
+                                     rows, p.d, p.q_strides[2], 0, ldq);
       float* s = scratch(2, rows * cols);
-      sgemm(false, true, rows, cols, p.d, p.scale, q, k, 0.0f, s, GemmLibrary::this_thread);
+      sgemm_strided(false, true, rows, cols, p.d, p.scale, q, ldq, k, ldk, 0.0f, s, cols,
+                    GemmLibrary::this_thread);
       const T* mask = p.mask == nullptr
                           ? nullptr
                           : static_cast<const T*>(p.mask) + b * p.mask_batch_stride +
@@ -129,11 +159,21 @@ void attention_kernel(const std::byte* raw) {
         }
         softmax_row(row, row, cols);
       }
-      T* out = static_cast<T*>(p.out) + (bh * p.sq + r0) * p.dv;
-      float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out)
-                                          : scratch(3, rows * p.dv);
-      sgemm(false, false, rows, p.dv, cols, 1.0f, s, v, 0.0f, o, GemmLibrary::this_thread);
-      if constexpr (!std::is_same_v<T, float>) store_from_float(o, out, rows * p.dv);
+      T* out = static_cast<T*>(p.out) + b * p.out_strides[0] + h * p.out_strides[1] +
+               r0 * p.out_strides[2];
+      if constexpr (std::is_same_v<T, float>) {
+        sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, out,
+                      rows <= 1 ? p.dv : p.out_strides[2], GemmLibrary::this_thread);
+      } else {
+        float* o = scratch(3, rows * p.dv);
+        sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, o, p.dv,
+                      GemmLibrary::this_thread);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          for (std::int64_t c = 0; c < p.dv; ++c) {
+            E::store(out, i * p.out_strides[2] + c, o[i * p.dv + c]);
+          }
+        }
+      }
     }
   });
 }

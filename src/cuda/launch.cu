@@ -68,6 +68,7 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
     case KernelId::attention: {
       const auto& p = as<AttentionParams>(params);
       if (!is_float(p.dtype)) return "attention on integers";
+      if (!has_dense_attention_strides(p)) return "attention on strided q, k, v or out";
       return p.batch * p.heads * p.sq > kMaxRows ? "more than 2^31-1 query rows" : nullptr;
     }
     case KernelId::strided_copy:

@@ -3,6 +3,7 @@
 #include "ops/checks.hpp"
 #include "retrace/ops.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -234,6 +235,25 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 
 namespace {
 
+// The (batch, head, row) element strides under which the attention kernel reads `t`
+// ([B, H, S, D] or [H, S, D]) where it is: each head's [S, D] rows dense, the heads and batches
+// anywhere (a slice of a key/value cache along S, heads repeated by expand). False for other
+// views (the kernel could read them too, but rows far apart in memory run slower than a dense
+// copy made first: measured on the heads of a fused qkv projection).
+bool attention_rows(const Tensor& t, std::int64_t (&strides)[3]) {
+  if (t.layout() != Layout::row_major) return false;
+  const std::size_t rank = t.shape().rank();
+  const std::vector<std::int64_t> st =
+      t.is_contiguous() ? contiguous_strides(t.shape()) : strides_of(t);
+  const std::int64_t rows = t.shape()[-2], cols = t.shape()[-1];
+  if ((cols > 1 && st[rank - 1] != 1) || (rows > 1 && st[rank - 2] != cols)) return false;
+  if (std::any_of(st.begin(), st.end(), [](std::int64_t x) { return x < 0; })) return false;
+  strides[0] = rank == 4 ? st[0] : 0;
+  strides[1] = st[rank - 3];
+  strides[2] = cols;
+  return true;
+}
+
 // Allocates the output when `given_out` is null.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& given_mask,
                  std::optional<double> scale, bool causal, const Tensor& given_out,
@@ -290,18 +310,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   std::vector<std::int64_t> shape(q.shape().dims().begin(), q.shape().dims().end());
   shape.back() = dv;
   const Shape out_shape{std::span<const std::int64_t>(shape)};
-  Tensor out = given_out;
-  if (out.is_null()) {
-    out = empty_like(q, out_shape, op);
-  } else {
-    check_out(out, q, out_shape, op);
-    check_not_aliased(out, op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&mask, "mask"}});
+  if (!given_out.is_null()) {
+    check_out(given_out, q, out_shape, op);
+    check_not_aliased(given_out, op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&mask, "mask"}});
   }
-  const Tensor qd = dense(q, queue), kd = dense(k, queue), vd = dense(v, queue);
-  params.q = data_of(qd);
-  params.k = data_of(kd);
-  params.v = data_of(vd);
-  params.out = data_of(out);
   params.batch = batch;
   params.heads = heads;
   params.kv_heads = kv_heads;
@@ -312,6 +324,32 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   params.scale = static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(d))));
   params.dtype = q.dtype();
   params.causal = causal;
+  set_dense_attention_strides(params);
+  // q, k and v are read where they are when their rows are dense and the device's kernel takes
+  // their strides (the CPU device's does); otherwise from dense copies.
+  Tensor qd = q, kd = k, vd = v;
+  const AttentionStrides dense_strides = dense_attention_strides(params);
+  auto read_as = [&](Tensor& t, std::int64_t (&strides)[3], const std::int64_t (&dense_of)[3]) {
+    if (!attention_rows(t, strides)) {
+      t = dense(t, queue);
+      std::copy(dense_of, dense_of + 3, strides);
+    }
+  };
+  read_as(qd, params.q_strides, dense_strides.q);
+  read_as(kd, params.k_strides, dense_strides.k);
+  read_as(vd, params.v_strides, dense_strides.v);
+  if (!has_dense_attention_strides(params) &&
+      q.device()->unsupported_reason(make_launch(op, params, {})) != nullptr) {
+    qd = dense(q, queue);
+    kd = dense(k, queue);
+    vd = dense(v, queue);
+    set_dense_attention_strides(params);
+  }
+  const Tensor out = given_out.is_null() ? empty_like(q, out_shape, op) : given_out;
+  params.q = view_data(qd);
+  params.k = view_data(kd);
+  params.v = view_data(vd);
+  params.out = view_data(out);
   std::vector<Buffer*> buffers{qd.buffer().get(), kd.buffer().get(), vd.buffer().get(),
                                out.buffer().get()};
   if (!mask.is_null()) buffers.push_back(mask.buffer().get());

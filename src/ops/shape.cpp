@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+#include <span>
 
 namespace retrace::ops {
 
@@ -39,6 +41,54 @@ std::size_t new_leading_dims(const Tensor& a, std::size_t given, std::string_vie
                 "ones go in front)",
                 op, given, values, rank);
   return given - rank;
+}
+
+// The strides under which `dims` see the elements of a (non-empty) tensor with `old_dims` and
+// `old_strides` in row-major order, or nothing when no strides do (torch's rule for reshape
+// returning a view). The old dimensions fall into runs whose elements step evenly (each
+// dimension's stride is the next one's stride times its extent); the new dimensions must split
+// each run exactly, from the back. Dimensions of extent 1 hold no step and are skipped.
+std::optional<std::vector<std::int64_t>> view_strides(std::span<const std::int64_t> old_dims,
+                                                      std::span<const std::int64_t> old_strides,
+                                                      const std::vector<std::int64_t>& dims) {
+  std::vector<std::int64_t> strides(dims.size(), 0);
+  std::size_t next = dims.size();  // new dimensions not placed yet are [0, next)
+  auto skip_ones = [&] {
+    while (next > 0 && dims[next - 1] == 1) --next;
+  };
+  std::size_t end = old_dims.size();
+  while (end > 0) {
+    if (old_dims[end - 1] == 1) {
+      --end;
+      continue;
+    }
+    // The run ending at old dimension end - 1: its element count and innermost stride.
+    const std::int64_t base = old_strides[end - 1];
+    std::int64_t count = old_dims[end - 1], step = base * old_dims[end - 1];
+    std::size_t begin = end - 1;
+    while (begin > 0 && (old_dims[begin - 1] == 1 || old_strides[begin - 1] == step)) {
+      --begin;
+      count *= old_dims[begin];
+      if (old_dims[begin] != 1) step = old_strides[begin] * old_dims[begin];
+    }
+    std::int64_t placed = 1;
+    skip_ones();
+    while (placed < count && next > 0) {
+      --next;
+      strides[next] = base * placed;
+      placed *= dims[next];
+      skip_ones();
+    }
+    if (placed != count) return std::nullopt;
+    end = begin;
+  }
+  skip_ones();
+  if (next != 0) return std::nullopt;
+  // Extent-1 dimensions: the stride a contiguous layout would give them.
+  for (std::size_t i = dims.size(); i-- > 0;) {
+    if (dims[i] == 1) strides[i] = i + 1 < dims.size() ? strides[i + 1] * dims[i + 1] : 1;
+  }
+  return strides;
 }
 
 }  // namespace
@@ -97,6 +147,11 @@ Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
                 "reshape: shape {} ({} elements) does not match the tensor's shape {} ({} "
                 "elements)",
                 target, target.numel(), a.shape(), a.numel());
+  if (!a.is_contiguous()) {
+    if (auto strides = view_strides(a.shape().dims(), a.strides(), dims)) {
+      return a.as_strided(target, *strides, a.storage_offset());
+    }
+  }
   return dense(a, kDefaultQueue).with_shape(target);
 }
 
