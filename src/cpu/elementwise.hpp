@@ -113,15 +113,19 @@ using Lanes16 = float __attribute__((vector_size(16 * sizeof(float))));
 // polynomial, with the scaling by 2^n done by vscalefps, which rounds once exactly where the two
 // exponent-bit products of vector_exp do (0.33 -> 0.24 ns per element on an AVX-512 Xeon).
 [[gnu::always_inline]] inline Lanes16 vector_exp16(Lanes16 x) {
-  const Lanes16 lo = Lanes16{} - 104.0f, hi = Lanes16{} + 89.0f;
-  Lanes16 c = x > lo ? x : lo;  // a NaN lane becomes lo here and x again at the end
-  c = c < hi ? c : hi;
+  // vmaxps/vminps give their second operand unless the first is greater (smaller): exactly
+  // `x > lo ? x : lo` and `c < hi ? c : hi`, in one instruction each instead of a compare and a
+  // blend (softmax rows 6 % faster). A NaN lane becomes lo here and x again at the end. The
+  // zero-masking forms with every lane on, here and for scalef: the plain ones start from an
+  // undefined register, which GCC 12 warns about.
+  const __mmask16 all = 0xffff;
+  const Lanes16 c = reinterpret_cast<Lanes16>(_mm512_maskz_min_ps(
+      all, _mm512_maskz_max_ps(all, reinterpret_cast<__m512>(x), _mm512_set1_ps(-104.0f)),
+      _mm512_set1_ps(89.0f)));
   Lanes16 n;
   const Lanes16 p = exp_reduced(c, n);
-  // The zero-masking form with every lane on: the plain one starts from an undefined register,
-  // which GCC 12 warns about.
-  const auto result = reinterpret_cast<Lanes16>(_mm512_maskz_scalef_ps(
-      __mmask16(0xffff), reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(n)));
+  const auto result = reinterpret_cast<Lanes16>(
+      _mm512_maskz_scalef_ps(all, reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(n)));
   return x != x ? x : result;
 }
 #endif
