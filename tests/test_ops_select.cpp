@@ -332,6 +332,41 @@ TEST_F(OpSelectTest, EmbeddingTakesRowsOfTheTable) {
   }
 }
 
+TEST_F(OpSelectTest, IndicesThatAreViewsAreReadThroughTheirStrides) {
+  // Every other index of a list, a column of a matrix of indices and an expanded index: views
+  // whose one-dimensional reshape is a view too, not a dense copy.
+  const Tensor table = counting(device(), {6, 3}, DType::float32);
+  const std::vector<double> t = values_of(table);
+  const Tensor list = int_tensor(device(), {5, 0, 4, 1, 3, 2, 2, 3}, {8});
+  const Tensor matrix = int_tensor(device(), {1, 5, 2, 4, 3, 0}, {3, 2});
+  const Tensor one = int_tensor(device(), {4}, {1});
+  const std::vector<std::pair<Tensor, std::vector<std::int32_t>>> cases = {
+      {ops::slice(list, 0, 0, 8, 2), {5, 4, 3, 2}},
+      {ops::slice(list, 0, 1, 8, 3), {0, 3, 3}},
+      {ops::slice(matrix, 1, 1, 2), {5, 4, 0}},
+      {ops::transpose(matrix, 0, 1), {1, 2, 3, 5, 4, 0}},
+      {ops::expand(one, {3}), {4, 4, 4}},
+  };
+  for (const auto& [index, rows] : cases) {
+    SCOPED_TRACE(index.to_string());
+    std::vector<double> want;
+    for (std::int32_t r : rows) {
+      for (int c = 0; c < 3; ++c) want.push_back(t[static_cast<std::size_t>(r * 3 + c)]);
+    }
+    EXPECT_EQ(values_of(ops::embedding(table, index)), want);
+    EXPECT_EQ(values_of(ops::index_select(table, 0, ops::reshape(index, {-1}))), want);
+    EXPECT_EQ(values_of(ops::index_select(table, 0, ops::contiguous(ops::reshape(index, {-1})))),
+              want);
+  }
+  // Along the columns (dim 1 of the table): every other index of [2, 0, 1, 1, 0, 2].
+  const Tensor column_index = ops::slice(int_tensor(device(), {2, 0, 1, 1, 0, 2}, {6}), 0, 0, 6, 2);
+  std::vector<double> want;
+  for (int r = 0; r < 6; ++r) {
+    for (int c : {2, 1, 0}) want.push_back(t[static_cast<std::size_t>(r * 3 + c)]);
+  }
+  EXPECT_EQ(values_of(ops::index_select(table, 1, column_index)), want);
+}
+
 TEST_F(OpSelectTest, IndexSelectAndGatherAlongEveryDimension) {
   const Shape shape{3, 4, 5};
   const Tensor a = counting(device(), shape, DType::float32);

@@ -274,14 +274,14 @@ Tensor enqueue_gather(const char* op, const Tensor& a, std::size_t dim, const Te
 
 Tensor select_rows(const char* op, const Tensor& a, std::size_t dim, const Tensor& index,
                    QueueId queue) {
-  // index is the dense one-dimensional reshape its callers make: stride 1 along `dim`, 0
-  // elsewhere.
+  // index is the one-dimensional reshape its callers make, a view or not: read along `dim`
+  // through its stride, repeated along the other dimensions.
   std::vector<std::int64_t> dims(a.shape().dims().begin(), a.shape().dims().end());
   dims[dim] = index.numel();
   std::vector<std::int64_t> src_strides = strides_of(a);
   src_strides[dim] = 0;
   std::vector<std::int64_t> index_strides(dims.size(), 0);
-  index_strides[dim] = 1;
+  index_strides[dim] = index.numel() > 1 ? index.strides()[0] : 0;
   return enqueue_gather(op, a, dim, index, Shape(std::span<const std::int64_t>(dims)),
                         std::move(src_strides), std::move(index_strides), queue);
 }
