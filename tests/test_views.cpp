@@ -265,6 +265,30 @@ TEST_F(ViewTest, AttentionReadsKeyValueCacheSlicesInPlace) {
   }
 }
 
+TEST_F(ViewTest, DevicesSayWhichAttentionOperandStridesTheyTake) {
+  AttentionParams p{};
+  p.batch = 1;
+  p.heads = 2;
+  p.sq = 3;
+  p.sk = 4;
+  p.d = 8;
+  p.dv = 8;
+  p.dtype = DType::float32;
+  set_dense_attention_strides(p);
+  EXPECT_TRUE(has_dense_attention_strides(p));
+  EXPECT_EQ(p.k_strides[1], 4 * 8);
+  const char* op = "scaled_dot_product_attention";
+  EXPECT_EQ(device().unsupported_reason(make_launch(op, p, {})), nullptr);
+  p.k_strides[1] *= 4;  // the heads of a key cache four times as long
+  EXPECT_FALSE(has_dense_attention_strides(p));
+  const char* reason = device().unsupported_reason(make_launch(op, p, {}));
+  if (testing::test_backend() == "cpu") {
+    EXPECT_EQ(reason, nullptr);
+  } else if (reason != nullptr) {
+    EXPECT_NE(std::string_view(reason).find("strided"), std::string_view::npos) << reason;
+  }
+}
+
 TEST_F(ViewTest, MatmulReadsATransposedViewInPlace) {
   const Tensor a = floats(random_floats(5 * 7, 1), {5, 7});
   const Tensor b = floats(random_floats(6 * 7, 2), {6, 7});
