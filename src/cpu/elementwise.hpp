@@ -188,11 +188,12 @@ inline C apply_unary(C x) {
   }
 }
 
-// out = softmax(in) over one row of n floats (in and out may alias). The maximum and the sum of
-// the exponentials run in interleaved lanes (added up in order at the end): 16 lanes in 512-bit
-// registers where the kernels are built for AVX-512 (1.8x faster than the 8-lane loop there,
-// whose lane sums GCC keeps in memory), 8 lanes otherwise (faster than 16 on AVX2).
-inline void softmax_row(const float* in, float* out, std::int64_t n) {
+// out = exp(in - max(in)) over one row of n floats (in and out may alias); returns the sum of
+// out, the softmax's divisor. The maximum and the sum of the exponentials run in interleaved
+// lanes (added up in order at the end): 16 lanes in 512-bit registers where the kernels are
+// built for AVX-512 (1.8x faster than the 8-lane loop there, whose lane sums GCC keeps in
+// memory), 8 lanes otherwise (faster than 16 on AVX2).
+inline float softmax_numerators(const float* in, float* out, std::int64_t n) {
 #ifdef __AVX512F__
   constexpr int kLanes = 16;
   using Lanes = Lanes16;
@@ -239,8 +240,13 @@ inline void softmax_row(const float* in, float* out, std::int64_t n) {
   for (float l : lanes) sum += l;
 #endif
   for (; i < n; ++i) sum += (out[i] = vector_exp(in[i] - max));
-  const float inv = 1.0f / sum;
-  for (i = 0; i < n; ++i) out[i] *= inv;
+  return sum;
+}
+
+// out = softmax(in) over one row of n floats (in and out may alias).
+inline void softmax_row(const float* in, float* out, std::int64_t n) {
+  const float inv = 1.0f / softmax_numerators(in, out, n);
+  for (std::int64_t i = 0; i < n; ++i) out[i] *= inv;
 }
 
 template <BinaryOp op, class T>

@@ -17,7 +17,7 @@ namespace {
 
 // Per-thread scratch that only grows: no allocation once warmed up (the prep run does that).
 float* scratch(int slot, std::int64_t elements) {
-  thread_local std::vector<float> buffers[5];
+  thread_local std::vector<float> buffers[6];
   auto& buffer = buffers[slot];
   if (static_cast<std::int64_t>(buffer.size()) < elements) {
     buffer.resize(static_cast<std::size_t>(elements));
@@ -101,6 +101,8 @@ const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, 
 // between the two products and the softmax (a full [queries, keys] matrix does not, at a few
 // thousand tokens), and (batch, head, block) items spread evenly over the kernel threads. With
 // a causal mask a block's keys stop after its last row: the keys past it would have weight 0.
+// The softmax's division by each row's sum comes after the second product, on the row's dv
+// outputs instead of its keys' weights.
 // q, k, v and out are read and written through their strides (rows of a fused qkv projection,
 // a slice of a key/value cache) as the products' leading dimensions: the values do not depend
 // on them.
@@ -138,6 +140,7 @@ void attention_kernel(const std::byte* raw) {
                                          h * p.q_strides[1] + r0 * p.q_strides[2],
                                      rows, p.d, p.q_strides[2], 0, ldq);
       float* s = scratch(2, rows * cols);
+      float* inverse = scratch(5, rows);
       sgemm_strided(false, true, rows, cols, p.d, p.scale, q, ldq, k, ldk, 0.0f, s, cols,
                     GemmLibrary::this_thread);
       const T* mask = p.mask == nullptr
@@ -157,20 +160,26 @@ void attention_kernel(const std::byte* raw) {
             row[c] = -std::numeric_limits<float>::infinity();
           }
         }
-        softmax_row(row, row, cols);
+        // The rows' divisors are applied to the product below (rows x dv values, not
+        // rows x keys).
+        inverse[i] = 1.0f / softmax_numerators(row, row, cols);
       }
       T* out = static_cast<T*>(p.out) + b * p.out_strides[0] + h * p.out_strides[1] +
                r0 * p.out_strides[2];
       if constexpr (std::is_same_v<T, float>) {
-        sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, out,
-                      rows <= 1 ? p.dv : p.out_strides[2], GemmLibrary::this_thread);
+        const std::int64_t ldo = rows <= 1 ? p.dv : p.out_strides[2];
+        sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, out, ldo,
+                      GemmLibrary::this_thread);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          for (std::int64_t c = 0; c < p.dv; ++c) out[i * ldo + c] *= inverse[i];
+        }
       } else {
         float* o = scratch(3, rows * p.dv);
         sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, o, p.dv,
                       GemmLibrary::this_thread);
         for (std::int64_t i = 0; i < rows; ++i) {
           for (std::int64_t c = 0; c < p.dv; ++c) {
-            E::store(out, i * p.out_strides[2] + c, o[i * p.dv + c]);
+            E::store(out, i * p.out_strides[2] + c, o[i * p.dv + c] * inverse[i]);
           }
         }
       }
