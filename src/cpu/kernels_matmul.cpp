@@ -85,17 +85,15 @@ void matmul_kernel(const std::byte* raw) {
 template <class T>
 const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                            int slot, std::int64_t& ld_out) {
-  if (std::is_same_v<T, float> && (rows <= 1 || ld == cols)) {
-    ld_out = cols;
-    return reinterpret_cast<const float*>(data);
-  } else {
-    float* out = scratch(slot, rows * cols);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = Elem<T>::load(data, r * ld + c);
-    }
-    ld_out = cols;
-    return out;
+  ld_out = cols;
+  if constexpr (std::is_same_v<T, float>) {
+    if (rows <= 1 || ld == cols) return data;
   }
+  float* out = scratch(slot, rows * cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = Elem<T>::load(data, r * ld + c);
+  }
+  return out;
 }
 
 // Attention by blocks of query rows: each block's scores [rows, keys] stay in the core's cache

@@ -237,8 +237,8 @@ namespace {
 
 // The (batch, head, row) element strides under which the attention kernel reads `t`
 // ([B, H, S, D] or [H, S, D]) where it is: each head's [S, D] rows dense, the heads and batches
-// anywhere (a slice of a key/value cache along S, heads repeated by expand). False for other
-// views (the kernel could read them too, but rows far apart in memory run slower than a dense
+// anywhere (a slice of a key/value cache along S, heads repeated by expand). False, leaving
+// `strides` as they were, for other views (the kernel could read them too, but rows far apart in memory run slower than a dense
 // copy made first: measured on the heads of a fused qkv projection).
 bool attention_rows(const Tensor& t, std::int64_t (&strides)[3]) {
   if (t.layout() != Layout::row_major) return false;
@@ -324,20 +324,17 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   params.scale = static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(d))));
   params.dtype = q.dtype();
   params.causal = causal;
-  set_dense_attention_strides(params);
   // q, k and v are read where they are when their rows are dense and the device's kernel takes
-  // their strides (the CPU device's does); otherwise from dense copies.
+  // their strides (the CPU device's does); otherwise from dense copies. Every operand starts
+  // with dense strides; attention_rows replaces an operand's only when it is read in place.
+  set_dense_attention_strides(params);
   Tensor qd = q, kd = k, vd = v;
-  const AttentionStrides dense_strides = dense_attention_strides(params);
-  auto read_as = [&](Tensor& t, std::int64_t (&strides)[3], const std::int64_t (&dense_of)[3]) {
-    if (!attention_rows(t, strides)) {
-      t = dense(t, queue);
-      std::copy(dense_of, dense_of + 3, strides);
-    }
+  auto read_as = [&](Tensor& t, std::int64_t (&strides)[3]) {
+    if (!attention_rows(t, strides)) t = dense(t, queue);
   };
-  read_as(qd, params.q_strides, dense_strides.q);
-  read_as(kd, params.k_strides, dense_strides.k);
-  read_as(vd, params.v_strides, dense_strides.v);
+  read_as(qd, params.q_strides);
+  read_as(kd, params.k_strides);
+  read_as(vd, params.v_strides);
   if (!has_dense_attention_strides(params) &&
       q.device()->unsupported_reason(make_launch(op, params, {})) != nullptr) {
     qd = dense(q, queue);
