@@ -126,7 +126,7 @@ configure() {
 build_targets() {
   cmake --build "$build" -j "$jobs" --target retrace_cuda retrace_test_conformance \
     retrace_test_ops retrace_test_tracer retrace_test_traced_function retrace_test_lifetimes \
-    retrace_cli retrace_bench_cuda 2>&1 | tail -n 30
+    retrace_test_mesh_cuda retrace_cli retrace_bench_cuda 2>&1 | tail -n 30
 }
 if [[ -z "$bin" ]]; then
   stage configure configure || { cat "$out/summary.txt"; exit 1; }
@@ -134,7 +134,7 @@ if [[ -z "$bin" ]]; then
   bin="$build/bin"
 fi
 
-suites=(conformance ops tracer traced_function lifetimes)
+suites=(conformance ops tracer traced_function lifetimes mesh_cuda)
 run_tests() {  # the programs side by side (one CUDA context each); a case skipped for want of a GPU fails
   local ok=0 name filter log
   local -a pids=()

@@ -5,7 +5,7 @@
 # scripts/gpu-check.sh runs the packed programs when the folder is there (and builds otherwise).
 #
 # Needs a CUDA toolkit here (nvcc; no GPU) of the same major version as the GPU machine's, and
-# retrace's build dependencies (scripts/setup.sh). The CUDA runtime and cuBLAS are not packed:
+# retrace's build dependencies (scripts/setup.sh). The CUDA runtime, cuBLAS and NCCL are not packed:
 # the GPU machine's toolkit provides them. Environment: RETRACE_GPU_BUILD_DIR (default
 # build-gpu), CMAKE_CUDA_ARCHITECTURES (default "90-real;75-virtual").
 set -euo pipefail
@@ -14,7 +14,8 @@ build=${RETRACE_GPU_BUILD_DIR:-$root/build-gpu}
 archs=${CMAKE_CUDA_ARCHITECTURES:-90-real;75-virtual}
 pack="$root/.gpu-pack"
 programs=(retrace_test_conformance retrace_test_ops retrace_test_tracer
-  retrace_test_traced_function retrace_test_lifetimes retrace retrace_bench_cuda
+  retrace_test_traced_function retrace_test_lifetimes retrace_test_mesh_cuda retrace
+  retrace_bench_cuda
   retrace_example_readme_cuda)
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -37,7 +38,7 @@ for p in "${programs[@]}"; do ldd "$build/bin/$p"; done | awk '$2 == "=>" && $3 
   sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libcuda.so* | \
-        libcudart.so* | libcublas.so* | libcublasLt.so*) ;;
+        libcudart.so* | libcublas.so* | libcublasLt.so* | libnccl.so*) ;;
       *) cp -L "$lib" "$pack/stage/lib/" ;;
     esac
   done

@@ -1,6 +1,10 @@
 // Mesh devices: distribute / gather, the collectives eager and traced against single-device
 // references computed here, failures that reach every member, and repeated capture cycles.
+#include "mesh_battery.hpp"
 #include "support.hpp"
+
+#include "core/collective.hpp"
+#include "core/mesh_state.hpp"
 
 #include "retrace/cpu.hpp"
 #include "retrace/mesh.hpp"
@@ -8,6 +12,7 @@
 #include "retrace/registry.hpp"
 #include "retrace/tracer.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -109,6 +114,43 @@ TEST_P(MeshTest, TracedCollectivesEqualEagerBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Members, MeshTest, ::testing::Values(1, 2, 4));
+
+// A mesh whose groups take whole buffers only, as NCCL does: the ops rearrange gathers and
+// scatters of strided blocks around them. Shared memory underneath, so this runs anywhere.
+std::unique_ptr<MeshDevice> whole_buffer_mesh(const std::vector<std::size_t>& shape) {
+  std::size_t n = 1;
+  for (std::size_t e : shape) n *= e;
+  std::vector<std::unique_ptr<Device>> members;
+  std::vector<std::size_t> local;
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < n; ++i) {
+    members.push_back(open_device(fmt::format("cpu:{}", 20 + i)));
+    local.push_back(i);
+    names.push_back(members.back()->name());
+  }
+  return std::make_unique<MeshDevice>(detail::make_mesh_state(
+      std::move(members), std::move(local), std::move(names), shape, MeshOptions{},
+      [](std::size_t, std::size_t, std::vector<std::string> group, std::string label) {
+        return std::make_unique<detail::SharedMemoryGroup>(
+            std::move(group), std::move(label), std::chrono::minutes(1), true);
+      },
+      nullptr));
+}
+
+TEST(Mesh, WholeBufferTransportsGiveTheSameBitsAsStridedOnes) {
+  for (const std::vector<std::size_t>& shape :
+       {std::vector<std::size_t>{1}, std::vector<std::size_t>{2}, std::vector<std::size_t>{4},
+        std::vector<std::size_t>{2, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "mesh of " << shape.size() << " axes, "
+                                      << shape.front() << " along the first");
+    auto strided = MeshDevice::open("cpu", shape);
+    auto whole = whole_buffer_mesh(shape);
+    const std::vector<std::vector<float>> expected = testing::collective_battery(*strided);
+    const std::vector<std::vector<float>> got = testing::collective_battery(*whole);
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "result " << i;
+  }
+}
 
 TEST(Mesh, TwoDimensionalMeshReducesAlongEachAxis) {
   auto mesh = MeshDevice::open("cpu", {2, 2});

@@ -50,9 +50,8 @@ struct MeshResult {
 int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
   const std::size_t n = d.mesh;
   const std::string backend = o.device.substr(0, o.device.find(':'));
-  RETRACE_CHECK(backend == "cpu", invalid_argument,
-                "demo: --mesh splits the model over CPU devices; --device {} cannot be a mesh "
-                "member (collectives between CUDA devices are not built yet)",
+  RETRACE_CHECK(backend == "cpu" || backend == "cuda", invalid_argument,
+                "demo: --mesh splits the model over CPU or CUDA devices, not --device {}",
                 o.device);
   RETRACE_CHECK(d.sampler == "ddim", invalid_argument,
                 "demo: --mesh runs the DDIM sampler only, not --sampler {}", d.sampler);
@@ -67,6 +66,9 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                     "demo: --mesh {} under MPI needs {} ranks (one member per rank), but {} were "
                     "started",
                     n, n, ranks);
+      RETRACE_CHECK(backend == "cpu", invalid_argument,
+                    "demo: --mesh under MPI runs CPU members (one per rank), not --device {}",
+                    o.device);
       across = true;
       lead = mpi::world_rank() == 0;
       if (!lead) (void)std::freopen("/dev/null", "w", stdout);
@@ -84,6 +86,20 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
   if (across) mesh = mpi::open_mesh("cpu", {n}, member_options, {}, device->id().value + 1);
 #endif
   (void)across;
+  if (!mesh && backend == "cuda") {
+    // One member per GPU (cuda:0 .. cuda:n-1; the reference device shares GPU 0). The members
+    // meet through NCCL.
+    std::vector<std::unique_ptr<Device>> members;
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        members.push_back(retrace::open_device(fmt::format("cuda:{}", i), member_options));
+      } catch (const Error& e) {
+        throw cli::DeviceUnavailable(
+            fmt::format("--mesh {} --device cuda needs {} GPUs: {}", n, n, e.message()));
+      }
+    }
+    mesh = std::make_unique<MeshDevice>(std::move(members), std::vector<std::size_t>{n});
+  }
   if (!mesh) mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
   const models::TensorParallelDiT split(*model, *mesh);
   const models::DdimSchedule schedule(o.steps);

@@ -60,9 +60,9 @@ int main(int argc, char** argv) {
                      "step, on the device, also in the trace)")
         ->check(CLI::IsMember({"ddim", "euler", "euler-ancestral"}));
     demo->add_option("--mesh", demo_extra.mesh,
-                     "also run the model split over a mesh of N CPU devices (tensor parallel: "
-                     "heads and MLP width; N must divide both), traced and eager, against one "
-                     "device")
+                     "also run the model split over a mesh of N CPU devices, or N GPUs with "
+                     "--device cuda (tensor parallel: heads and MLP width; N must divide both), "
+                     "traced and eager, against one device")
         ->check(retrace::cli::whole_number(1, 64));
     demo->add_option("--preview", demo_extra.preview,
                      "write the final latents as a PNG here (default with --weights: "

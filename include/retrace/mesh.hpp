@@ -39,7 +39,9 @@
 //    MeshOptions::collective_timeout; the group is then broken: every later collective on it
 //    fails at once, and the mesh must be opened again.
 // Members must run their queues on threads of their own (CPU devices in worker mode, the
-// default). Collectives between CUDA members are not built yet (an `unimplemented` error).
+// default). CUDA members, one per GPU, meet through NCCL: the collectives become nodes of each
+// member's CUDA graph; sums follow NCCL's order (replicas still agree bit for bit), and there
+// is no timeout (see docs/contract.md).
 //
 // Across processes and machines: retrace::mpi::open_mesh (retrace/mpi.hpp, target
 // retrace::mpi) opens a mesh with one member per MPI rank. Every process runs the same program

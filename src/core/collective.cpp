@@ -68,10 +68,19 @@ CollectiveGroup::CollectiveGroup(std::vector<std::string> members, std::string l
   RETRACE_ASSERT(!members_.empty(), "a collective group has members");
 }
 
+const char* CollectiveGroup::refuses(const Device& device) const noexcept {
+  return device.supports(Capability::host_visible_memory)
+             ? nullptr
+             : "its memory is not host-visible, and this mesh moves collectives through host "
+               "memory";
+}
+
 SharedMemoryGroup::SharedMemoryGroup(std::vector<std::string> members, std::string label,
-                                     std::chrono::milliseconds timeout)
+                                     std::chrono::milliseconds timeout,
+                                     bool whole_buffers_only)
     : CollectiveGroup(std::move(members), std::move(label)),
       timeout_(timeout),
+      whole_buffers_(whole_buffers_only),
       slots_(members_.size()),
       joined_(std::make_unique<std::atomic<std::uint64_t>[]>(members_.size())) {}
 

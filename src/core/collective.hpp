@@ -132,6 +132,23 @@ class CollectiveGroup {
   virtual void break_group(std::string reason) noexcept = 0;
   [[nodiscard]] virtual bool broken() const noexcept = 0;
 
+  // Why this transport cannot carry collectives between buffers of `device`, or nullptr when
+  // it can. Host transports (shared memory, MPI) need host-visible memory.
+  [[nodiscard]] virtual const char* refuses(const Device& device) const noexcept;
+  // True for a transport that moves whole buffers only (NCCL): the op rearranges an all_gather
+  // or reduce_scatter along a dimension other than the first around it, so every collective it
+  // sees has outer == 1.
+  [[nodiscard]] virtual bool whole_buffers_only() const noexcept { return false; }
+  // The op brackets one collective's enqueues on the members of this group (all from one
+  // thread): a transport that must start the members' parts together (NCCL group calls) starts
+  // them in end_enqueue, after every member's command was enqueued. cancel_enqueue drops what
+  // was staged when an enqueue failed half-way, and says whether nothing of the collective has
+  // started on any member (the group then stays usable; otherwise the op breaks it, since
+  // members that started would wait for the others).
+  virtual void begin_enqueue() {}
+  virtual void end_enqueue() {}
+  virtual bool cancel_enqueue() noexcept { return false; }
+
  protected:
   std::vector<std::string> members_;
   std::string label_;
@@ -140,13 +157,16 @@ class CollectiveGroup {
 // Members in one process, on host-visible memory (CPU devices): they meet in shared memory.
 class SharedMemoryGroup final : public CollectiveGroup {
  public:
+  // `whole_buffers_only` makes the op rearrange strided gathers and scatters around this group
+  // as it does for NCCL (tests check that rearrangement on CPU devices with it).
   SharedMemoryGroup(std::vector<std::string> members, std::string label,
-                    std::chrono::milliseconds timeout);
+                    std::chrono::milliseconds timeout, bool whole_buffers_only = false);
 
   void run(const CollectiveParams& params) override;
   void skip(const CollectiveParams& params, std::string_view reason) noexcept override;
   void break_group(std::string reason) noexcept override;
   [[nodiscard]] bool broken() const noexcept override { return broken_.load(); }
+  [[nodiscard]] bool whole_buffers_only() const noexcept override { return whole_buffers_; }
 
  private:
   struct Slot {
@@ -164,6 +184,7 @@ class SharedMemoryGroup final : public CollectiveGroup {
   [[noreturn]] void fail_broken() const;
 
   std::chrono::milliseconds timeout_;
+  bool whole_buffers_;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

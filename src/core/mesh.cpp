@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cstring>
 #include <numeric>
 
@@ -243,18 +244,86 @@ std::shared_ptr<MeshState> make_mesh_state(std::vector<std::unique_ptr<Device>> 
 
 }  // namespace detail
 
+namespace detail {
+
+namespace {
+struct Transports {
+  std::mutex mutex;
+  std::vector<std::pair<std::string, std::unique_ptr<DeviceGroupFactory>>> factories;
+};
+Transports& transports() {
+  static Transports t;
+  return t;
+}
+}  // namespace
+
+bool register_collective_transport(std::string backend, DeviceGroupFactory factory) {
+  Transports& t = transports();
+  std::lock_guard lock(t.mutex);
+  for (auto& [name, f] : t.factories) {
+    if (name == backend) {
+      *f = std::move(factory);
+      return true;
+    }
+  }
+  t.factories.emplace_back(std::move(backend),
+                           std::make_unique<DeviceGroupFactory>(std::move(factory)));
+  return true;
+}
+
+const DeviceGroupFactory* collective_transport(std::string_view backend) {
+  Transports& t = transports();
+  std::lock_guard lock(t.mutex);
+  for (const auto& [name, f] : t.factories) {
+    if (name == backend) return f.get();  // stable: entries are never removed
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+
 MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
                        std::vector<std::size_t> shape, MeshOptions options) {
   std::vector<std::size_t> local(members.size());
   std::iota(local.begin(), local.end(), std::size_t{0});
   std::vector<std::string> names;
-  for (const auto& m : members) names.push_back(m ? m->name() : std::string("null"));
-  const auto timeout = options.collective_timeout;
+  std::vector<Device*> devices;  // valid while the groups are made (make_mesh_state owns them)
+  for (const auto& m : members) {
+    names.push_back(m ? m->name() : std::string("null"));
+    devices.push_back(m.get());
+  }
+  const std::vector<std::size_t> mesh_shape =
+      shape.empty() ? std::vector<std::size_t>{members.size()} : shape;
   state_ = detail::make_mesh_state(
       std::move(members), std::move(local), std::move(names), std::move(shape), options,
-      [timeout](std::size_t, std::size_t, std::vector<std::string> group_names, std::string label) {
-        return std::make_unique<detail::SharedMemoryGroup>(std::move(group_names), std::move(label),
-                                                           timeout);
+      [&](std::size_t axis, std::size_t line, std::vector<std::string> group_names,
+          std::string label) -> std::unique_ptr<detail::CollectiveGroup> {
+        // The line's members in order along the axis (as make_mesh_state names them).
+        std::vector<Device*> along;
+        for (std::size_t i = 0; i < devices.size(); ++i) {
+          std::size_t rest = i, g = 0, stride = 1;
+          for (std::size_t a = mesh_shape.size(); a-- > 0;) {
+            if (a != axis) {
+              g += (rest % mesh_shape[a]) * stride;
+              stride *= mesh_shape[a];
+            }
+            rest /= mesh_shape[a];
+          }
+          if (g == line) along.push_back(devices[i]);
+        }
+        // Members whose memory the host cannot reach meet through their backend's transport.
+        const std::string_view backend = along.front()->backend();
+        const bool same = std::all_of(along.begin(), along.end(), [&](const Device* d) {
+          return d->backend() == backend && !d->supports(Capability::host_visible_memory);
+        });
+        if (same) {
+          if (const auto* factory = detail::collective_transport(backend)) {
+            return (*factory)(along, std::move(group_names), std::move(label), options);
+          }
+        }
+        return std::make_unique<detail::SharedMemoryGroup>(std::move(group_names),
+                                                           std::move(label),
+                                                           options.collective_timeout);
       },
       nullptr);
 }
@@ -626,9 +695,10 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
   std::size_t capturing = 0;
   for (std::size_t i = 0; i < count; ++i) {
     Device& d = x.shard(i).require_device(name, "shard");
-    RETRACE_CHECK(d.supports(Capability::host_visible_memory), unimplemented,
-                  "{}: collectives between {} devices are not built yet (member {})", name,
-                  d.backend(), d.name());
+    const char* refused = s.group_of(s.local[i], axis).first->refuses(d);
+    RETRACE_CHECK(refused == nullptr, unimplemented,
+                  "{}: member {} ({} device) cannot take part in collectives on {}: {}", name,
+                  d.name(), d.backend(), s.name, refused != nullptr ? refused : "");
     devices[i] = &d;
     if (d.is_capturing_on_this_thread()) ++capturing;
   }
@@ -642,24 +712,81 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
     out.push_back(Tensor::empty(out_shape, first.dtype(), *devices[i]));
   }
   if (outer * chunk > 0) {
-    std::vector<Tensor> inputs;  // dense shards (a strided view is copied first)
+    const auto n_members = static_cast<std::int64_t>(s.shape[axis]);
+    std::vector<Tensor> inputs;    // dense shards (a strided view is copied first)
+    std::vector<Tensor> gathered;  // whole-buffer all_gather: [members, outer, chunk] first
+    std::vector<CollectiveParams> params;
     inputs.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) inputs.push_back(ops::contiguous(x.shard(i), queue));
+    gathered.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
       const auto [group, rank] = s.group_of(s.local[i], axis);
-      CollectiveParams params{group,  ops::detail::data_of(inputs[i]), out[i].buffer()->data(),
-                              outer,  chunk,  first.dtype(), op, rank};
-      Buffer* buffers[] = {inputs[i].buffer().get(), out[i].buffer().get()};
-      try {
-        devices[i]->enqueue(queue, make_launch(name, params, buffers));
-      } catch (const Error& e) {
-        // The members enqueued before would wait for this one forever: fail their groups.
-        for (auto& g : s.groups[axis]) {
-          if (g) g->break_group(fmt::format("{} could not be enqueued on {}: {}", name,
-                                     devices[i]->name(), e.message()));
+      Tensor input = ops::contiguous(x.shard(i), queue);
+      CollectiveParams p{group, nullptr, out[i].buffer()->data(), outer, chunk, first.dtype(),
+                         op, rank};
+      if (outer > 1 && group->whole_buffers_only()) {
+        // The transport moves whole buffers: member k's rows of a gather land in a block of
+        // their own (permuted into place after), and the blocks a reduce_scatter leaves to
+        // member k are made one block first.
+        if (op == CollectiveOp::all_gather) {
+          out[i] = Tensor();  // made by the permutation below
+          gathered[i] = Tensor::empty(Shape{n_members, outer, chunk}, first.dtype(), *devices[i]);
+          p.dst = gathered[i].buffer()->data();
+        } else if (op == CollectiveOp::reduce_scatter) {
+          input = ops::contiguous(
+              ops::permute(ops::reshape(input, {outer, n_members, chunk}), {1, 0, 2}), queue);
         }
+        p.chunk = outer * chunk;
+        p.outer = 1;
+      }
+      p.src = ops::detail::data_of(input);
+      inputs.push_back(std::move(input));
+      params.push_back(p);
+    }
+    std::vector<detail::CollectiveGroup*> groups;  // this collective's groups, each once
+    for (auto& g : s.groups[axis]) {
+      if (g) groups.push_back(g.get());
+    }
+    // A group that started nothing of the collective yet stays usable; the others break.
+    const auto fail_groups = [&](const std::string& why, bool started) noexcept {
+      for (detail::CollectiveGroup* g : groups) {
+        if (!g->cancel_enqueue() || started) g->break_group(why);
+      }
+    };
+    for (std::size_t begun = 0; begun < groups.size(); ++begun) {
+      try {
+        groups[begun]->begin_enqueue();  // a broken group refuses here, before anything ran
+      } catch (const Error&) {
+        for (std::size_t k = 0; k < begun; ++k) groups[k]->cancel_enqueue();
         throw;
       }
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      Buffer* target = gathered[i].is_null() ? out[i].buffer().get() : gathered[i].buffer().get();
+      Buffer* buffers[] = {inputs[i].buffer().get(), target};
+      try {
+        devices[i]->enqueue(queue, make_launch(name, params[i], buffers));
+      } catch (const Error& e) {
+        // The members enqueued before would wait for this one forever: fail their groups.
+        fail_groups(fmt::format("{} could not be enqueued on {}: {}", name, devices[i]->name(),
+                                e.message()),
+                    false);
+        throw;
+      }
+    }
+    for (detail::CollectiveGroup* g : groups) {
+      try {
+        g->end_enqueue();
+      } catch (const Error& e) {
+        fail_groups(fmt::format("{} could not be started on {}: {}", name, g->label(),
+                                e.message()),
+                    true);
+        throw;
+      }
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      if (gathered[i].is_null()) continue;
+      out[i] = ops::reshape(ops::contiguous(ops::permute(gathered[i], {1, 0, 2}), queue),
+                            std::span<const std::int64_t>(out_dims));
     }
   }
   return MeshTensor::from_shards(std::move(out), x.mesh(), std::move(placements));

@@ -85,6 +85,17 @@ struct MeshState {
 using GroupFactory = std::function<std::unique_ptr<CollectiveGroup>(
     std::size_t axis, std::size_t line, std::vector<std::string> names, std::string label)>;
 
+// Makes the collective group of one line of members that are all devices of one backend whose
+// memory a host transport cannot reach (NCCL for CUDA devices): `members` in rank order.
+using DeviceGroupFactory = std::function<std::unique_ptr<CollectiveGroup>(
+    std::span<Device* const> members, std::vector<std::string> names, std::string label,
+    const MeshOptions& options)>;
+// Registers the transport of a backend's devices (its library does, from a static
+// initialiser). Returns true.
+bool register_collective_transport(std::string backend, DeviceGroupFactory factory);
+// The transport registered for a backend's devices, or null.
+[[nodiscard]] const DeviceGroupFactory* collective_transport(std::string_view backend);
+
 // Checks and assembles a mesh: `members` are this process' devices, at mesh indices `local`
 // (ascending); `member_names` names every member of the mesh; `groups` makes the collective
 // group of each line with a member here. `prefix` starts the mesh's name ("mesh", "mpi mesh").

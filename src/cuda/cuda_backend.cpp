@@ -1,6 +1,7 @@
 #include "cuda/cuda_backend.hpp"
 
 #include "cuda/check.hpp"
+#include "cuda/collective.hpp"
 #include "cuda/relaxed.hpp"
 #include "retrace/log.hpp"
 
@@ -233,6 +234,14 @@ void CudaBackend::enqueue(QueueId queue, const KernelLaunch& launch) {
     ctx.site = sites_.add(Site{launch.op, count, trace ? trace->id.value : 0,
                                trace ? trace->commands : 0, 0, p.dim_size});
     if (trace != nullptr) trace->has_asserts = true;
+  } else if (launch.kernel == KernelId::collective) {  // fails when a peer failed before it
+    const auto& p = *static_cast<const CollectiveParams*>(launch.params);
+    CollectiveSiteInfo info = collective_site_info(p);
+    const auto key = static_cast<std::int64_t>(std::hash<std::string>{}(info.label));
+    ctx.site = sites_.add(Site{launch.op, key, trace ? trace->id.value : 0,
+                               trace ? trace->commands : 0, 0, 0, std::move(info.label),
+                               std::move(info.members)});
+    if (trace != nullptr) trace->has_asserts = true;
   }
   if (trace == nullptr) {  // kept alive before launching: a failed launch may have run a part
     for (Buffer* buffer : launch.buffers) q.pending.push_back(buffer->shared_from_this());
@@ -248,7 +257,9 @@ void CudaBackend::enqueue(QueueId queue, const KernelLaunch& launch) {
     ++trace->commands;
     return;
   }
-  if (++q.pending_commands >= kRetainEvery) mark(q);
+  // A collective's NCCL work starts after this returns (see cuda/collective.hpp): an event
+  // recorded now would pass before it, so its buffers wait for the next mark.
+  if (launch.kernel != KernelId::collective && ++q.pending_commands >= kRetainEvery) mark(q);
 }
 
 void CudaBackend::record_launch_failure(const KernelLaunch& launch, const Queue& q,

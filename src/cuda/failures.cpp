@@ -99,6 +99,14 @@ std::string describe_failure(const std::string& queue_label, const Domain& domai
                       : fmt::format("command {} of {} in trace {}", site.command,
                                     site.trace_commands, site.trace);
   const auto index = static_cast<std::int64_t>(record.element >> 32);
+  if (!site.members.empty()) {
+    const auto rank = static_cast<std::size_t>(index);
+    const std::string who = rank < site.members.size() ? site.members[rank]
+                                                       : fmt::format("rank {}", rank);
+    return fmt::format("op '{}' failed on {} ({}): member {} of {} failed before it (its own "
+                       "error is reported by that member)",
+                       site.op, queue_label, where, who, site.group_label);
+  }
   if (site.index_limit > 0) {
     const auto bad = std::bit_cast<std::int32_t>(static_cast<std::uint32_t>(record.element));
     return fmt::format("op '{}' failed on {} ({}): index element {} is {}, outside [0, {}) (the "

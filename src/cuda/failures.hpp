@@ -55,6 +55,10 @@ struct Site {
   std::size_t command;
   std::size_t trace_commands;  // commands of the trace, once known (0 while capturing)
   std::int64_t index_limit = 0;  // a gather's indexed size (its record holds an int32 index)
+  // A collective's group and its members in rank order (its record holds the rank of the
+  // member that failed before it).
+  std::string group_label{};
+  std::vector<std::string> members{};
 };
 
 class SiteTable {

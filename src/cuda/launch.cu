@@ -1,4 +1,5 @@
 // launch_command: KernelId -> the CUDA launcher of its family.
+#include "cuda/collective.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
 
@@ -23,6 +24,7 @@ const char* unmovable(std::int32_t elem_size) {
 
 std::size_t scratch_bytes(KernelId kernel, const void* params) noexcept {
   if (kernel == KernelId::attention) return attention_scratch_bytes(as<AttentionParams>(params));
+  if (kernel == KernelId::collective) return kCollectiveScratchBytes;  // its failure word
   return 0;
 }
 
@@ -76,8 +78,7 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
     case KernelId::tilize:
       return unmovable(as<TilizeParams>(params).elem_size);
     case KernelId::collective:
-      // Mesh collectives on GPUs need NCCL inside the CUDA graph: not built yet.
-      return "collectives (mesh devices of CUDA members)";
+      return collective_unsupported_reason(as<CollectiveParams>(params));
     case KernelId::random:
       return is_float(as<RandomParams>(params).dtype) ? nullptr : "random numbers of integers";
     case KernelId::where:
@@ -153,8 +154,8 @@ cudaError_t launch(const WhereParams& p, const LaunchContext& ctx, cublasStatus_
 cudaError_t launch(const GatherParams& p, const LaunchContext& ctx, cublasStatus_t*) {
   return launch_gather(p, ctx);
 }
-cudaError_t launch(const CollectiveParams&, const LaunchContext&, cublasStatus_t*) {
-  return cudaErrorNotSupported;  // refused before launch: see unsupported_reason
+cudaError_t launch(const CollectiveParams& p, const LaunchContext& ctx, cublasStatus_t*) {
+  return stage_collective(p, ctx);  // NCCL starts it once every member has staged its part
 }
 
 using Launcher = cudaError_t (*)(const void*, const LaunchContext&, cublasStatus_t*);

@@ -1,5 +1,6 @@
 // Registers the CUDA device as backend "cuda" (open_device("cuda:1")). The anchor symbol makes
 // the linker keep this file when retrace::cuda is a static library (see CMakeLists.txt).
+#include "cuda/collective.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/cuda.hpp"
 #include "retrace/registry.hpp"
@@ -22,6 +23,7 @@ retrace::DeviceOptions default_options() {
 }
 
 bool register_cuda() {
+  retrace::cuda::register_nccl_transport();  // mesh lines of CUDA devices meet through NCCL
   return retrace::register_backend(
       {"cuda", [] { return retrace::cuda_unavailable_reason(); }, open, default_options});
 }

@@ -1,0 +1,165 @@
+// Meshes of CUDA devices: collectives through NCCL, eager and traced (CUDA graphs), against the
+// same battery on CPU meshes; a member's failure reaching its peers; refusals. Every case skips,
+// saying why, on a machine with fewer GPUs than it needs.
+#include "mesh_battery.hpp"
+#include "support.hpp"
+
+#include "retrace/cuda.hpp"
+#include "retrace/mesh.hpp"
+#include "retrace/ops.hpp"
+#include "retrace/registry.hpp"
+#include "retrace/tracer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace retrace {
+namespace {
+
+using testing::expect_error;
+
+DeviceOptions small_gpu_options() {
+  DeviceOptions options = default_device_options("cuda");
+  options.memory_bytes = std::size_t{256} << 20;
+  options.trace_region_bytes = std::size_t{128} << 20;
+  return options;
+}
+
+#define RETRACE_NEED_GPUS(n)                                                               \
+  do {                                                                                     \
+    if (cuda_device_count() < (n)) {                                                       \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, " << cuda_device_count() << " visible"    \
+                   << (cuda_unavailable_reason().empty() ? "" : ": ")                      \
+                   << cuda_unavailable_reason();                                           \
+    }                                                                                      \
+  } while (false)
+
+// Float32 sums of n members in another order: within n ulps of the CPU mesh's result.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float members,
+                  std::size_t result) {
+  ASSERT_EQ(got.size(), want.size()) << "result " << result;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const float bound = members * 4.0f * std::numeric_limits<float>::epsilon() *
+                        (1.0f + std::abs(want[i]));
+    ASSERT_NEAR(got[i], want[i], bound) << "result " << result << ", element " << i;
+  }
+}
+
+TEST(CudaMesh, CollectivesMatchTheCpuMeshAndReplayBitForBit) {
+  RETRACE_NEED_GPUS(1);
+  const auto gpus = static_cast<std::size_t>(cuda_device_count());
+  std::vector<std::vector<std::size_t>> shapes{{1}};
+  if (gpus >= 2) shapes.push_back({2});
+  if (gpus >= 4) shapes.push_back({2, 2});
+  for (const std::vector<std::size_t>& shape : shapes) {
+    auto gpu = MeshDevice::open("cuda", shape, small_gpu_options());
+    SCOPED_TRACE(gpu->name());
+    auto cpu = MeshDevice::open("cpu", shape);
+    const std::vector<std::vector<float>> want = testing::collective_battery(*cpu);
+    const std::vector<std::vector<float>> got = testing::collective_battery(*gpu);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      expect_close(got[i], want[i], static_cast<float>(gpu->size()), i);
+    }
+  }
+}
+
+TEST(CudaMesh, IntegerAndBfloat16Sums) {
+  RETRACE_NEED_GPUS(2);
+  auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
+  std::vector<Tensor> ints;
+  for (std::size_t k = 0; k < 2; ++k) {
+    ints.push_back(Tensor::from_vector(std::vector<std::int32_t>{2147483647, -5, 7}, {3},
+                                       DType::int32)
+                       .to_device(mesh->member(k)));
+  }
+  const MeshTensor r = ops::all_reduce(MeshTensor(ints, *mesh, {Placement::partial()}));
+  EXPECT_EQ(r.shard(1).to_vector<std::int32_t>(), (std::vector<std::int32_t>{-2, -10, 14}));
+  std::vector<Tensor> halves;
+  for (std::size_t k = 0; k < 2; ++k) {
+    halves.push_back(ops::full({5}, 1.0078125, mesh->member(k), DType::bfloat16));
+  }
+  const MeshTensor h = ops::all_reduce(MeshTensor(halves, *mesh, {Placement::partial()}));
+  EXPECT_EQ(h.shard(0).to_vector<float>(), std::vector<float>(5, 2.015625f));
+}
+
+TEST(CudaMesh, AFailingMemberFailsTheCollectiveOnEveryMember) {
+  RETRACE_NEED_GPUS(2);
+  auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
+  std::vector<Tensor> shards;
+  for (std::size_t k = 0; k < 2; ++k) shards.push_back(ops::full({4}, 1.0, mesh->member(k)));
+  const MeshTensor x(shards, *mesh, {Placement::partial()});
+  ops::fill(shards[1], std::nan(""));
+  ops::assert_finite(shards[1]);  // member 1 fails before the collective
+  const MeshTensor y = ops::all_reduce(x);
+  for (std::size_t k = 0; k < 2; ++k) {
+    try {
+      mesh->member(k).synchronize();
+      ADD_FAILURE() << "member " << k << " did not fail";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::device_error);
+      const std::string what = e.what();
+      if (k == 0) {
+        EXPECT_NE(what.find("all_reduce"), std::string::npos) << what;
+        EXPECT_NE(what.find("member cuda:1"), std::string::npos) << what;
+      } else {
+        EXPECT_NE(what.find("assert_finite"), std::string::npos) << what;
+      }
+    }
+  }
+  // Reported: the mesh is usable again.
+  ops::fill(shards[1], 2.0);
+  const MeshTensor z = ops::all_reduce(x);
+  EXPECT_EQ(z.shard(0).to_vector<float>(), std::vector<float>(4, 3.0f));
+}
+
+TEST(CudaMesh, RepeatedCaptureAndReleaseLeavesMemoryWhereItStarted) {
+  RETRACE_NEED_GPUS(2);
+  auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
+  std::vector<float> values(64);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  const MeshTensor x = distribute(Tensor::from_vector(values, {4, 16}, DType::float32), *mesh,
+                                  {Placement::shard(1)});
+  auto step = [](const MeshTensor& t) {
+    return ops::all_gather(mesh_map([](const Tensor& s) { return ops::mul(s, 2.0); }, t));
+  };
+  const std::size_t before0 = mesh->member(0).stats().bytes_in_use;
+  const std::size_t before1 = mesh->member(1).stats().bytes_in_use;
+  for (int cycle = 0; cycle < 200; ++cycle) {
+    auto tracer = make_tracer<MeshTensor>(step, mesh->devices());
+    (void)tracer(x);
+    const MeshTensor& y = tracer(x);
+    if (cycle == 0) {
+      std::vector<float> doubled(values);
+      for (float& v : doubled) v *= 2.0f;
+      ASSERT_EQ(gather_to_host(y).to_vector<float>(), doubled);
+    }
+  }
+  mesh->synchronize();
+  EXPECT_EQ(mesh->member(0).stats().bytes_in_use, before0);
+  EXPECT_EQ(mesh->member(1).stats().bytes_in_use, before1);
+}
+
+TEST(CudaMesh, TwoMembersOnOneGpuAreRefusedWithTheReason) {
+  RETRACE_NEED_GPUS(1);
+  std::vector<std::unique_ptr<Device>> members;
+  for (std::uint32_t id = 0; id < 2; ++id) {
+    CudaDeviceOptions options;
+    options.id = DeviceId{id};
+    options.ordinal = 0;
+    options.memory_bytes = std::size_t{64} << 20;
+    members.push_back(open_cuda_device(options));
+  }
+  MeshDevice mesh(std::move(members));
+  std::vector<Tensor> shards;
+  for (std::size_t k = 0; k < 2; ++k) shards.push_back(ops::full({4}, 1.0, mesh.member(k)));
+  const MeshTensor x(shards, mesh, {Placement::partial()});
+  expect_error([&] { (void)ops::all_reduce(x); }, ErrorCategory::unimplemented,
+               "both use GPU 0");
+  // Nothing ran: the members are usable.
+  EXPECT_EQ(shards[0].to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
+}  // namespace
+}  // namespace retrace
