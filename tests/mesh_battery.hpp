@@ -11,8 +11,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace retrace::testing {
@@ -85,5 +87,81 @@ inline std::vector<std::vector<float>> collective_battery(MeshDevice& mesh) {
   return results;
 }
 
-}  // namespace retrace::testing
+// Sums on a 2-member mesh: int32 wraps (two's complement, no undefined behaviour), bfloat16
+// is summed and rounded once.
+inline void expect_integer_and_bfloat16_sums(MeshDevice& mesh) {
+  std::vector<Tensor> ints;
+  for (std::size_t k = 0; k < 2; ++k) {
+    ints.push_back(Tensor::from_vector(std::vector<std::int32_t>{2147483647, -5, 7}, {3},
+                                       DType::int32)
+                       .to_device(mesh.member(k)));
+  }
+  const MeshTensor r = ops::all_reduce(MeshTensor(ints, mesh, {Placement::partial()}));
+  EXPECT_EQ(r.shard(1).to_vector<std::int32_t>(), (std::vector<std::int32_t>{-2, -10, 14}));
+  std::vector<Tensor> halves;
+  for (std::size_t k = 0; k < 2; ++k) {
+    halves.push_back(ops::full({5}, 1.0078125, mesh.member(k), DType::bfloat16));
+  }
+  const MeshTensor h = ops::all_reduce(MeshTensor(halves, mesh, {Placement::partial()}));
+  EXPECT_EQ(h.shard(0).to_vector<float>(), std::vector<float>(5, 2.015625f));
+}
 
+// Member 1 of a 2-member mesh fails (assert_finite on a NaN) before an all_reduce: every
+// member's synchronize fails with device_error; member 0's message holds each of `peer_says`,
+// member 1's names assert_finite. Once reported, the mesh runs collectives again.
+inline void expect_a_failing_member_fails_every_member(MeshDevice& mesh,
+                                                       const std::vector<std::string>& peer_says) {
+  std::vector<Tensor> shards;
+  for (std::size_t k = 0; k < 2; ++k) shards.push_back(ops::full({4}, 1.0, mesh.member(k)));
+  const MeshTensor x(shards, mesh, {Placement::partial()});
+  ops::fill(shards[1], std::nan(""));
+  ops::assert_finite(shards[1]);
+  const MeshTensor y = ops::all_reduce(x);
+  for (std::size_t k = 0; k < 2; ++k) {
+    try {
+      mesh.member(k).synchronize();
+      ADD_FAILURE() << "member " << k << " did not fail";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::device_error);
+      const std::string what = e.what();
+      for (const std::string& part : k == 0 ? peer_says : std::vector<std::string>{"assert_finite"}) {
+        EXPECT_NE(what.find(part), std::string::npos) << "member " << k << ": " << what;
+      }
+    }
+  }
+  ops::fill(shards[1], 2.0);
+  const MeshTensor z = ops::all_reduce(x);
+  EXPECT_EQ(z.shard(0).to_vector<float>(), std::vector<float>(4, 3.0f));
+}
+
+// `cycles` captures, replays and releases of a traced all_gather on a 2-member mesh leave the
+// members' memory where it started.
+inline void expect_capture_cycles_leave_memory_where_it_started(MeshDevice& mesh, int cycles) {
+  std::vector<float> values(64);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 13) - 6.0f;
+  const MeshTensor x = distribute(Tensor::from_vector(values, {4, 16}, DType::float32), mesh,
+                                  {Placement::shard(1)});
+  auto step = [](const MeshTensor& t) {
+    return ops::all_gather(mesh_map([](const Tensor& s) { return ops::mul(s, 2.0); }, t));
+  };
+  const std::size_t before0 = mesh.member(0).stats().bytes_in_use;
+  const std::size_t before1 = mesh.member(1).stats().bytes_in_use;
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    auto tracer = make_tracer<MeshTensor>(step, mesh.devices());
+    const CallOptions async{kDefaultQueue, Blocking::no};
+    (void)tracer.call(async, x);
+    const MeshTensor& y = tracer.call(async, x);
+    if (cycle == 0) {
+      std::vector<float> doubled(values);
+      for (float& v : doubled) v *= 2.0f;
+      EXPECT_EQ(gather_to_host(y).to_vector<float>(), doubled);
+    }
+    tracer.release_trace();
+  }
+  mesh.synchronize();
+  EXPECT_EQ(mesh.member(0).stats().bytes_in_use, before0);
+  EXPECT_EQ(mesh.member(1).stats().bytes_in_use, before1);
+  EXPECT_EQ(mesh.member(0).stats().live_traces, 0u);
+}
+
+}  // namespace retrace::testing

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 namespace retrace {
 namespace {
@@ -68,77 +69,19 @@ TEST(CudaMesh, CollectivesMatchTheCpuMeshAndReplayBitForBit) {
 TEST(CudaMesh, IntegerAndBfloat16Sums) {
   RETRACE_NEED_GPUS(2);
   auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
-  std::vector<Tensor> ints;
-  for (std::size_t k = 0; k < 2; ++k) {
-    ints.push_back(Tensor::from_vector(std::vector<std::int32_t>{2147483647, -5, 7}, {3},
-                                       DType::int32)
-                       .to_device(mesh->member(k)));
-  }
-  const MeshTensor r = ops::all_reduce(MeshTensor(ints, *mesh, {Placement::partial()}));
-  EXPECT_EQ(r.shard(1).to_vector<std::int32_t>(), (std::vector<std::int32_t>{-2, -10, 14}));
-  std::vector<Tensor> halves;
-  for (std::size_t k = 0; k < 2; ++k) {
-    halves.push_back(ops::full({5}, 1.0078125, mesh->member(k), DType::bfloat16));
-  }
-  const MeshTensor h = ops::all_reduce(MeshTensor(halves, *mesh, {Placement::partial()}));
-  EXPECT_EQ(h.shard(0).to_vector<float>(), std::vector<float>(5, 2.015625f));
+  testing::expect_integer_and_bfloat16_sums(*mesh);
 }
 
 TEST(CudaMesh, AFailingMemberFailsTheCollectiveOnEveryMember) {
   RETRACE_NEED_GPUS(2);
   auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
-  std::vector<Tensor> shards;
-  for (std::size_t k = 0; k < 2; ++k) shards.push_back(ops::full({4}, 1.0, mesh->member(k)));
-  const MeshTensor x(shards, *mesh, {Placement::partial()});
-  ops::fill(shards[1], std::nan(""));
-  ops::assert_finite(shards[1]);  // member 1 fails before the collective
-  const MeshTensor y = ops::all_reduce(x);
-  for (std::size_t k = 0; k < 2; ++k) {
-    try {
-      mesh->member(k).synchronize();
-      ADD_FAILURE() << "member " << k << " did not fail";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.category(), ErrorCategory::device_error);
-      const std::string what = e.what();
-      if (k == 0) {
-        EXPECT_NE(what.find("all_reduce"), std::string::npos) << what;
-        EXPECT_NE(what.find("member cuda:1"), std::string::npos) << what;
-      } else {
-        EXPECT_NE(what.find("assert_finite"), std::string::npos) << what;
-      }
-    }
-  }
-  // Reported: the mesh is usable again.
-  ops::fill(shards[1], 2.0);
-  const MeshTensor z = ops::all_reduce(x);
-  EXPECT_EQ(z.shard(0).to_vector<float>(), std::vector<float>(4, 3.0f));
+  testing::expect_a_failing_member_fails_every_member(*mesh, {"all_reduce", "member cuda:1"});
 }
 
 TEST(CudaMesh, RepeatedCaptureAndReleaseLeavesMemoryWhereItStarted) {
   RETRACE_NEED_GPUS(2);
   auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
-  std::vector<float> values(64);
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
-  const MeshTensor x = distribute(Tensor::from_vector(values, {4, 16}, DType::float32), *mesh,
-                                  {Placement::shard(1)});
-  auto step = [](const MeshTensor& t) {
-    return ops::all_gather(mesh_map([](const Tensor& s) { return ops::mul(s, 2.0); }, t));
-  };
-  const std::size_t before0 = mesh->member(0).stats().bytes_in_use;
-  const std::size_t before1 = mesh->member(1).stats().bytes_in_use;
-  for (int cycle = 0; cycle < 200; ++cycle) {
-    auto tracer = make_tracer<MeshTensor>(step, mesh->devices());
-    (void)tracer(x);
-    const MeshTensor& y = tracer(x);
-    if (cycle == 0) {
-      std::vector<float> doubled(values);
-      for (float& v : doubled) v *= 2.0f;
-      ASSERT_EQ(gather_to_host(y).to_vector<float>(), doubled);
-    }
-  }
-  mesh->synchronize();
-  EXPECT_EQ(mesh->member(0).stats().bytes_in_use, before0);
-  EXPECT_EQ(mesh->member(1).stats().bytes_in_use, before1);
+  testing::expect_capture_cycles_leave_memory_where_it_started(*mesh, 1000);
 }
 
 TEST(CudaMesh, TwoMembersOnOneGpuAreRefusedWithTheReason) {
