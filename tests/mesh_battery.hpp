@@ -20,7 +20,7 @@
 namespace retrace::testing {
 
 struct BatteryInputs {
-  MeshTensor partial;              // member k holds its own summand
+  MeshTensor partial;               // member k holds its own summand
   std::vector<MeshTensor> sharded;  // sharded along dimension d = 0, 1, 2 on the axis
 };
 RETRACE_FIELDS(BatteryInputs, partial, sharded)
@@ -92,9 +92,9 @@ inline std::vector<std::vector<float>> collective_battery(MeshDevice& mesh) {
 inline void expect_integer_and_bfloat16_sums(MeshDevice& mesh) {
   std::vector<Tensor> ints;
   for (std::size_t k = 0; k < 2; ++k) {
-    ints.push_back(Tensor::from_vector(std::vector<std::int32_t>{2147483647, -5, 7}, {3},
-                                       DType::int32)
-                       .to_device(mesh.member(k)));
+    ints.push_back(
+        Tensor::from_vector(std::vector<std::int32_t>{2147483647, -5, 7}, {3}, DType::int32)
+            .to_device(mesh.member(k)));
   }
   const MeshTensor r = ops::all_reduce(MeshTensor(ints, mesh, {Placement::partial()}));
   EXPECT_EQ(r.shard(1).to_vector<std::int32_t>(), (std::vector<std::int32_t>{-2, -10, 14}));
@@ -124,7 +124,8 @@ inline void expect_a_failing_member_fails_every_member(MeshDevice& mesh,
     } catch (const Error& e) {
       EXPECT_EQ(e.category(), ErrorCategory::device_error);
       const std::string what = e.what();
-      for (const std::string& part : k == 0 ? peer_says : std::vector<std::string>{"assert_finite"}) {
+      for (const std::string& part :
+           k == 0 ? peer_says : std::vector<std::string>{"assert_finite"}) {
         EXPECT_NE(what.find(part), std::string::npos) << "member " << k << ": " << what;
       }
     }
@@ -139,8 +140,8 @@ inline void expect_a_failing_member_fails_every_member(MeshDevice& mesh,
 inline void expect_capture_cycles_leave_memory_where_it_started(MeshDevice& mesh, int cycles) {
   std::vector<float> values(64);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 13) - 6.0f;
-  const MeshTensor x = distribute(Tensor::from_vector(values, {4, 16}, DType::float32), mesh,
-                                  {Placement::shard(1)});
+  const MeshTensor x =
+      distribute(Tensor::from_vector(values, {4, 16}, DType::float32), mesh, {Placement::shard(1)});
   auto step = [](const MeshTensor& t) {
     return ops::all_gather(mesh_map([](const Tensor& s) { return ops::mul(s, 2.0); }, t));
   };

@@ -27,13 +27,13 @@ DeviceOptions small_gpu_options() {
   return options;
 }
 
-#define RETRACE_NEED_GPUS(n)                                                               \
-  do {                                                                                     \
-    if (cuda_device_count() < (n)) {                                                       \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, " << cuda_device_count() << " visible"    \
-                   << (cuda_unavailable_reason().empty() ? "" : ": ")                      \
-                   << cuda_unavailable_reason();                                           \
-    }                                                                                      \
+#define RETRACE_NEED_GPUS(n)                                                            \
+  do {                                                                                  \
+    if (cuda_device_count() < (n)) {                                                    \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, " << cuda_device_count() << " visible" \
+                   << (cuda_unavailable_reason().empty() ? "" : ": ")                   \
+                   << cuda_unavailable_reason();                                        \
+    }                                                                                   \
   } while (false)
 
 // Float32 sums of n members in another order: within n ulps of the CPU mesh's result.
@@ -41,8 +41,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                   std::size_t result) {
   ASSERT_EQ(got.size(), want.size()) << "result " << result;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const float bound = members * 4.0f * std::numeric_limits<float>::epsilon() *
-                        (1.0f + std::abs(want[i]));
+    const float bound =
+        members * 4.0f * std::numeric_limits<float>::epsilon() * (1.0f + std::abs(want[i]));
     ASSERT_NEAR(got[i], want[i], bound) << "result " << result << ", element " << i;
   }
 }
@@ -98,8 +98,7 @@ TEST(CudaMesh, TwoMembersOnOneGpuAreRefusedWithTheReason) {
   std::vector<Tensor> shards;
   for (std::size_t k = 0; k < 2; ++k) shards.push_back(ops::full({4}, 1.0, mesh.member(k)));
   const MeshTensor x(shards, mesh, {Placement::partial()});
-  expect_error([&] { (void)ops::all_reduce(x); }, ErrorCategory::unimplemented,
-               "both use GPU 0");
+  expect_error([&] { (void)ops::all_reduce(x); }, ErrorCategory::unimplemented, "both use GPU 0");
   // Nothing ran: the members are usable.
   EXPECT_EQ(shards[0].to_vector<float>(), std::vector<float>(4, 1.0f));
 }

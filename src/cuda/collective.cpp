@@ -37,14 +37,21 @@ std::string nccl_text(ncclResult_t result, ncclComm_t comm) {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::float32: return ncclFloat32;
-    case DType::bfloat16: return ncclBfloat16;
-    case DType::float16: return ncclFloat16;
-    case DType::int32: return ncclInt32;
-    case DType::uint32: return ncclUint32;
-    case DType::int64: return ncclInt64;
+    case DType::float32:
+      return ncclFloat32;
+    case DType::bfloat16:
+      return ncclBfloat16;
+    case DType::float16:
+      return ncclFloat16;
+    case DType::int32:
+      return ncclInt32;
+    case DType::uint32:
+      return ncclUint32;
+    case DType::int64:
+      return ncclInt64;
     case DType::uint8:
-    case DType::bool_: return ncclUint8;  // sums wrap, as on the host transports
+    case DType::bool_:
+      return ncclUint8;  // sums wrap, as on the host transports
   }
   return ncclFloat32;
 }
@@ -86,8 +93,8 @@ class NcclGroup final : public detail::CollectiveGroup {
     comms_.assign(ordinals_.size(), nullptr);
     const CurrentDevice keep;
     RelaxedCapture relaxed;
-    if (const ncclResult_t r = ncclCommInitAll(comms_.data(), static_cast<int>(comms_.size()),
-                                               ordinals_.data());
+    if (const ncclResult_t r =
+            ncclCommInitAll(comms_.data(), static_cast<int>(comms_.size()), ordinals_.data());
         r != ncclSuccess) {
       refusal_ = fmt::format("NCCL could not connect its members: {}", nccl_text(r, nullptr));
       comms_.clear();
@@ -106,7 +113,8 @@ class NcclGroup final : public detail::CollectiveGroup {
     for (ncclComm_t comm : comms_) {
       if (comm == nullptr) continue;
       if (const ncclResult_t r = ncclCommDestroy(comm); r != ncclSuccess) {
-        log(LogLevel::warning, "{}: destroying an NCCL communicator: {}", label_, nccl_text(r, nullptr));
+        log(LogLevel::warning, "{}: destroying an NCCL communicator: {}", label_,
+            nccl_text(r, nullptr));
       }
     }
 #endif
@@ -123,20 +131,24 @@ class NcclGroup final : public detail::CollectiveGroup {
     broken_reason_ = std::move(reason);
     broken_.store(true);
   }
-  [[nodiscard]] bool broken() const noexcept override { return broken_.load(); }
+  [[nodiscard]] bool broken() const noexcept override {
+    return broken_.load();
+  }
 
   [[nodiscard]] const char* refuses(const Device& device) const noexcept override {
-    if (device.backend() != "cuda") return "it is not a CUDA device, and this line meets through NCCL";
+    if (device.backend() != "cuda")
+      return "it is not a CUDA device, and this line meets through NCCL";
     return refusal_.empty() ? nullptr : refusal_.c_str();
   }
-  [[nodiscard]] bool whole_buffers_only() const noexcept override { return true; }
+  [[nodiscard]] bool whole_buffers_only() const noexcept override {
+    return true;
+  }
 
   void begin_enqueue() override {
     std::unique_lock lock(enqueue_mutex_);
     if (broken_.load()) {
       std::lock_guard broken_lock(broken_mutex_);
-      RETRACE_FAIL(device_error, "{} cannot run collectives any more: {}", label_,
-                   broken_reason_);
+      RETRACE_FAIL(device_error, "{} cannot run collectives any more: {}", label_, broken_reason_);
     }
     std::fill(staged_.begin(), staged_.end(), std::nullopt);
     enqueue_lock_ = std::move(lock);
@@ -154,8 +166,8 @@ class NcclGroup final : public detail::CollectiveGroup {
 
   void end_enqueue() override {
     RETRACE_ASSERT(enqueue_lock_.owns_lock(), "end_enqueue follows begin_enqueue");
-    const std::size_t missing = static_cast<std::size_t>(
-        std::count(staged_.begin(), staged_.end(), std::nullopt));
+    const std::size_t missing =
+        static_cast<std::size_t>(std::count(staged_.begin(), staged_.end(), std::nullopt));
     RETRACE_CHECK(missing == 0, failed_precondition,
                   "{}: {} of {} members did not enqueue their part of the collective", label_,
                   missing, staged_.size());
@@ -209,8 +221,8 @@ class NcclGroup final : public detail::CollectiveGroup {
     nccl_check(ncclGroupStart(), 0, "starting an NCCL group");
     for (std::size_t r = 0; r < n; ++r) {
       const Part& part = *staged_[r];
-      const ncclResult_t e = ncclAllReduce(part.word, part.word, 1, ncclUint32, ncclMax,
-                                           comms_[r], part.ctx.stream);
+      const ncclResult_t e =
+          ncclAllReduce(part.word, part.word, 1, ncclUint32, ncclMax, comms_[r], part.ctx.stream);
       if (e != ncclSuccess) {
         (void)ncclGroupEnd();
         nccl_check(e, r, "exchanging failure states");
@@ -219,8 +231,7 @@ class NcclGroup final : public detail::CollectiveGroup {
     nccl_check(ncclGroupEnd(), 0, "exchanging failure states");
     for (std::size_t r = 0; r < n; ++r) {
       const Part& part = *staged_[r];
-      RETRACE_CUDA_CHECK(cudaSetDevice(ordinals_[r]), "{}: selecting GPU {}", label_,
-                         ordinals_[r]);
+      RETRACE_CUDA_CHECK(cudaSetDevice(ordinals_[r]), "{}: selecting GPU {}", label_, ordinals_[r]);
       RETRACE_CUDA_CHECK(launch_adopt_peer_failure(part.ctx, part.word),
                          "{}: launching the failure exchange on {}", label_, members_[r]);
     }
@@ -254,7 +265,7 @@ class NcclGroup final : public detail::CollectiveGroup {
 #endif
 
   std::vector<int> ordinals_;
-  std::string refusal_;  // why this line cannot run collectives; "" when it can
+  std::string refusal_;       // why this line cannot run collectives; "" when it can
   std::mutex enqueue_mutex_;  // one collective enqueued at a time
   std::unique_lock<std::mutex> enqueue_lock_;
   std::atomic<bool> staging_{false};
@@ -290,8 +301,9 @@ CollectiveSiteInfo collective_site_info(const CollectiveParams& p) {
 
 void register_nccl_transport() {
   detail::register_collective_transport(
-      "cuda", [](std::span<Device* const> members, std::vector<std::string> names,
-                 std::string label, const MeshOptions&) -> std::unique_ptr<detail::CollectiveGroup> {
+      "cuda",
+      [](std::span<Device* const> members, std::vector<std::string> names, std::string label,
+         const MeshOptions&) -> std::unique_ptr<detail::CollectiveGroup> {
         std::vector<int> ordinals;
         for (Device* d : members) {
           auto* backend = backend_of<CudaBackend>(*d);
