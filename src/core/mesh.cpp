@@ -177,7 +177,11 @@ std::unique_ptr<MeshDevice> MeshDevice::open(std::string_view backend,
 namespace detail {
 
 MeshState::~MeshState() {
-  groups.clear();  // before the processes: an MPI group's communicator is freed first
+  // Members first (normally closed already): an NCCL group's communicators are destroyed only
+  // once no CUDA graph of a member uses them. Groups before the processes: an MPI group's
+  // communicator is freed first.
+  members.clear();
+  groups.clear();
   if (processes) processes->close();
 }
 

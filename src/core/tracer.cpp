@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <exception>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace retrace::detail {
 
@@ -300,11 +302,37 @@ void TracerCore::execute(const CallOptions& options) {
   // Several devices: every replay is started before any is waited for (the members of a mesh
   // meet inside their collectives), then a blocking call waits for each device's queue and
   // raises the first failure once all were waited for.
-  for (std::size_t i = 0; i < devices_.size(); ++i) {
-    devices_[i]->execute_trace(traces_[i], options.queue, Blocking::no);
+  std::exception_ptr first;
+  if (std::all_of(devices_.begin(), devices_.end(), [](const Device* d) {
+        return d->supports(Capability::host_visible_memory);
+      })) {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      devices_[i]->execute_trace(traces_[i], options.queue, Blocking::no);
+    }
+  } else {
+    // Accelerators (GPUs) are started from a thread each: a graph launch whose collectives
+    // (NCCL) wait for a peer's may block until that peer's graph is launched too, and one
+    // thread launching them in turn would then never get to it.
+    std::vector<std::exception_ptr> failures(devices_.size());
+    {
+      std::vector<std::jthread> launchers;
+      launchers.reserve(devices_.size() - 1);
+      const auto launch = [&](std::size_t i) noexcept {
+        try {
+          devices_[i]->execute_trace(traces_[i], options.queue, Blocking::no);
+        } catch (...) {
+          failures[i] = std::current_exception();
+        }
+      };
+      for (std::size_t i = 1; i < devices_.size(); ++i) launchers.emplace_back(launch, i);
+      launch(0);
+    }  // joined: every replay has started
+    for (const std::exception_ptr& f : failures) {
+      if (f && !first) first = f;
+    }
+    if (first && options.blocking == Blocking::no) std::rethrow_exception(first);
   }
   if (options.blocking == Blocking::no) return;
-  std::exception_ptr first;
   for (Device* device : devices_) {
     try {
       device->synchronize(options.queue);

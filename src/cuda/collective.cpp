@@ -108,7 +108,8 @@ class NcclGroup final : public detail::CollectiveGroup {
 
   ~NcclGroup() override {
 #if RETRACE_HAVE_NCCL
-    // The members were closed first (their queues drained), so nothing runs on the comms.
+    // The members were closed first: their queues drained and their traces released. NCCL
+    // waits in ncclCommDestroy until no CUDA graph uses the communicator, so the order matters.
     const CurrentDevice keep;
     for (ncclComm_t comm : comms_) {
       if (comm == nullptr) continue;
