@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,6 +86,22 @@ inline std::vector<std::vector<float>> collective_battery(MeshDevice& mesh) {
     }
   }
   return results;
+}
+
+// Two batteries' results (a mesh against a CPU mesh of the same shape) within float32 rounding
+// of sums over `members` members taken in another order (NCCL's): n * 4 ulp of 1 + |value|.
+inline void expect_batteries_close(const std::vector<std::vector<float>>& got,
+                                   const std::vector<std::vector<float>>& want,
+                                   std::size_t members) {
+  ASSERT_EQ(got.size(), want.size());
+  const float scale = static_cast<float>(members) * 4.0f * std::numeric_limits<float>::epsilon();
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].size(), want[r].size()) << "result " << r;
+    for (std::size_t i = 0; i < got[r].size(); ++i) {
+      ASSERT_NEAR(got[r][i], want[r][i], scale * (1.0f + std::abs(want[r][i])))
+          << "result " << r << ", element " << i;
+    }
+  }
 }
 
 // Sums on a 2-member mesh: int32 wraps (two's complement, no undefined behaviour), bfloat16

@@ -36,17 +36,6 @@ DeviceOptions small_gpu_options() {
     }                                                                                   \
   } while (false)
 
-// Float32 sums of n members in another order: within n ulps of the CPU mesh's result.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, float members,
-                  std::size_t result) {
-  ASSERT_EQ(got.size(), want.size()) << "result " << result;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const float bound =
-        members * 4.0f * std::numeric_limits<float>::epsilon() * (1.0f + std::abs(want[i]));
-    ASSERT_NEAR(got[i], want[i], bound) << "result " << result << ", element " << i;
-  }
-}
-
 TEST(CudaMesh, CollectivesMatchTheCpuMeshAndReplayBitForBit) {
   RETRACE_NEED_GPUS(1);
   const auto gpus = static_cast<std::size_t>(cuda_device_count());
@@ -57,12 +46,8 @@ TEST(CudaMesh, CollectivesMatchTheCpuMeshAndReplayBitForBit) {
     auto gpu = MeshDevice::open("cuda", shape, small_gpu_options());
     SCOPED_TRACE(gpu->name());
     auto cpu = MeshDevice::open("cpu", shape);
-    const std::vector<std::vector<float>> want = testing::collective_battery(*cpu);
-    const std::vector<std::vector<float>> got = testing::collective_battery(*gpu);
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      expect_close(got[i], want[i], static_cast<float>(gpu->size()), i);
-    }
+    testing::expect_batteries_close(testing::collective_battery(*gpu),
+                                    testing::collective_battery(*cpu), gpu->size());
   }
 }
 

@@ -2,6 +2,7 @@
 // runs every test. The collectives eager and traced against a reference computed here and
 // against the same mesh in one process (bit for bit), the tensor-parallel DiT step across ranks,
 // failures that reach every rank, a rank that never arrives, and repeated capture cycles.
+#include "mesh_battery.hpp"
 #include "support.hpp"
 
 #include <retrace/mesh.hpp>
@@ -383,6 +384,25 @@ TEST(MpiMesh, ClosingTheMeshRefusesItsTensors) {
   mesh->close();
   expect_error([&] { (void)ops::all_reduce(x.with_placements({Placement::partial()})); },
                ErrorCategory::failed_precondition, "was closed");
+}
+
+// One GPU per rank (the k-th rank on a host takes its GPU k), meeting through NCCL: the battery
+// of collectives against the CPU members of the same ranks. Skipped on every rank when a rank
+// has no GPU (or the build no CUDA backend): open_mesh fails on all of them then.
+TEST(MpiMesh, CudaMembersMeetThroughNccl) {
+  std::unique_ptr<MeshDevice> gpu;
+  try {
+    DeviceOptions options = default_device_options("cuda");
+    options.memory_bytes = std::size_t{256} << 20;
+    options.trace_region_bytes = std::size_t{128} << 20;
+    gpu = mpi::open_mesh("cuda", {}, options);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no GPU for every rank: " << e.message();
+  }
+  SCOPED_TRACE(gpu->name());
+  auto cpu = mpi::open_mesh("cpu");
+  testing::expect_batteries_close(testing::collective_battery(*gpu),
+                                  testing::collective_battery(*cpu), gpu->size());
 }
 
 }  // namespace

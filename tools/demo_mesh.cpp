@@ -66,9 +66,6 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                     "demo: --mesh {} under MPI needs {} ranks (one member per rank), but {} were "
                     "started",
                     n, n, ranks);
-      RETRACE_CHECK(backend == "cpu", invalid_argument,
-                    "demo: --mesh under MPI runs CPU members (one per rank), not --device {}",
-                    o.device);
       across = true;
       lead = mpi::world_rank() == 0;
       if (!lead) (void)std::freopen("/dev/null", "w", stdout);
@@ -83,7 +80,9 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
   member_options.kernel_threads = 1;  // members side by side, each on a core of its own
   std::unique_ptr<MeshDevice> mesh;
 #ifdef RETRACE_HAVE_MPI
-  if (across) mesh = mpi::open_mesh("cpu", {n}, member_options, {}, device->id().value + 1);
+  // Under MPI a CUDA member is the rank's GPU on its host (the k-th rank there takes GPU k).
+  if (across && backend == "cuda") mesh = mpi::open_mesh("cuda", {n}, member_options);
+  if (across && !mesh) mesh = mpi::open_mesh("cpu", {n}, member_options, {}, device->id().value + 1);
 #endif
   (void)across;
   if (!mesh && backend == "cuda") {

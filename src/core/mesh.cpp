@@ -322,7 +322,10 @@ MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
         });
         if (same) {
           if (const auto* factory = detail::collective_transport(backend)) {
-            return (*factory)(along, std::move(group_names), std::move(label), options);
+            detail::TransportLine transport{along, {}, std::move(group_names), std::move(label),
+                                            nullptr};
+            for (std::uint32_t r = 0; r < along.size(); ++r) transport.ranks.push_back(r);
+            return (*factory)(std::move(transport), options);
           }
         }
         return std::make_unique<detail::SharedMemoryGroup>(std::move(group_names),

@@ -8,6 +8,7 @@
 #include "retrace/mesh.hpp"
 
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -85,11 +86,20 @@ struct MeshState {
 using GroupFactory = std::function<std::unique_ptr<CollectiveGroup>(
     std::size_t axis, std::size_t line, std::vector<std::string> names, std::string label)>;
 
-// Makes the collective group of one line of members that are all devices of one backend whose
-// memory a host transport cannot reach (NCCL for CUDA devices): `members` in rank order.
-using DeviceGroupFactory = std::function<std::unique_ptr<CollectiveGroup>(
-    std::span<Device* const> members, std::vector<std::string> names, std::string label,
-    const MeshOptions& options)>;
+// One line of a mesh axis whose members are devices of one backend that a host transport
+// cannot reach (CUDA devices: NCCL), as its transport sees it from this process.
+struct TransportLine {
+  std::vector<Device*> members;    // this process' members of the line, in rank order
+  std::vector<std::uint32_t> ranks;  // their ranks along the line
+  std::vector<std::string> names;  // every member of the line, in rank order
+  std::string label;
+  // Across processes (MPI): copies the bytes of the process holding rank 0 of the line into
+  // every process of the line; a collective call of the line's processes. Null in one process.
+  std::function<void(std::span<std::byte>)> broadcast;
+};
+// Makes the collective group of such a line.
+using DeviceGroupFactory =
+    std::function<std::unique_ptr<CollectiveGroup>(TransportLine line, const MeshOptions& options)>;
 // Registers the transport of a backend's devices (its library does, from a static
 // initialiser). Returns true.
 bool register_collective_transport(std::string backend, DeviceGroupFactory factory);

@@ -17,6 +17,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <functional>
+#include <span>
 #include <atomic>
 #include <mutex>
 #include <optional>
@@ -73,37 +77,84 @@ class CurrentDevice {
 
 #endif  // RETRACE_HAVE_NCCL
 
-// One line of CUDA members: an NCCL communicator per member (rank = position along the axis).
-// A line that cannot run collectives (NCCL missing from the build, two members on one GPU, a
-// failed initialisation) still makes a mesh: its collectives are refused with the reason.
+// One line of CUDA members: an NCCL communicator per member (rank = position along the axis)
+// held in this process; in one process every member of the line, across processes (MPI) the
+// ones of this process. A line that cannot run collectives (NCCL missing from the build, two
+// members on one GPU, a failed initialisation) still makes a mesh: its collectives are refused
+// with the reason.
 class NcclGroup final : public detail::CollectiveGroup {
  public:
-  NcclGroup(std::vector<std::string> names, std::string label, std::vector<int> ordinals)
-      : CollectiveGroup(std::move(names), std::move(label)), ordinals_(std::move(ordinals)) {
+  // `ranks` and `ordinals`: this process' members of the line (their rank, their GPU).
+  NcclGroup(std::vector<std::string> names, std::string label, std::vector<std::uint32_t> ranks,
+            const std::vector<int>& ordinals,
+            const std::function<void(std::span<std::byte>)>& broadcast)
+      : CollectiveGroup(std::move(names), std::move(label)),
+        local_(std::move(ranks)),
+        ordinals_(members_.size(), -1) {
+    staged_.resize(members_.size());
+    for (std::size_t i = 0; i < local_.size(); ++i) ordinals_[local_[i]] = ordinals[i];
 #if RETRACE_HAVE_NCCL
-    for (std::size_t i = 0; i < ordinals_.size(); ++i) {
+    for (std::size_t i = 0; i < local_.size() && refusal_.empty(); ++i) {
       for (std::size_t j = 0; j < i; ++j) {
-        if (ordinals_[i] == ordinals_[j]) {
+        if (ordinals[i] == ordinals[j]) {
           refusal_ = fmt::format("NCCL needs a GPU per member, and {} and {} both use GPU {}",
-                                 members_[j], members_[i], ordinals_[i]);
-          return;
+                                 members_[local_[j]], members_[local_[i]], ordinals[i]);
+          break;
         }
       }
     }
-    comms_.assign(ordinals_.size(), nullptr);
+    comms_.assign(members_.size(), nullptr);
     const CurrentDevice keep;
     RelaxedCapture relaxed;
-    if (const ncclResult_t r =
-            ncclCommInitAll(comms_.data(), static_cast<int>(comms_.size()), ordinals_.data());
-        r != ncclSuccess) {
+    ncclResult_t r = ncclSuccess;
+    if (!broadcast) {  // the whole line is in this process
+      if (!refusal_.empty()) return;
+      r = ncclCommInitAll(comms_.data(), static_cast<int>(comms_.size()), ordinals.data());
+    } else {
+      // The process of rank 0 makes the line's NCCL id; a leading byte says whether it could.
+      // Every process of the line takes part in the broadcast, even one that refuses.
+      std::array<std::byte, 1 + sizeof(ncclUniqueId)> message{};
+      if (std::find(local_.begin(), local_.end(), 0u) != local_.end()) {
+        ncclUniqueId id{};
+        if (ncclGetUniqueId(&id) == ncclSuccess) {
+          message[0] = std::byte{1};
+          std::memcpy(message.data() + 1, &id, sizeof id);
+        }
+      }
+      broadcast(message);
+      if (!refusal_.empty()) return;
+      if (message[0] != std::byte{1}) {
+        refusal_ = fmt::format("the process of {} could not make an NCCL id", members_[0]);
+        return;
+      }
+      ncclUniqueId id{};
+      std::memcpy(&id, message.data() + 1, sizeof id);
+      r = ncclGroupStart();
+      for (std::size_t i = 0; i < local_.size() && r == ncclSuccess; ++i) {
+        if (cudaSetDevice(ordinals[i]) != cudaSuccess) {
+          clear_last_error();
+          r = ncclUnhandledCudaError;
+          break;
+        }
+        r = ncclCommInitRank(&comms_[local_[i]], static_cast<int>(members_.size()), id,
+                             static_cast<int>(local_[i]));
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      if (r == ncclSuccess) r = end;
+    }
+    if (r != ncclSuccess) {
       refusal_ = fmt::format("NCCL could not connect its members: {}", nccl_text(r, nullptr));
-      comms_.clear();
+      for (ncclComm_t& comm : comms_) {
+        if (comm != nullptr) (void)ncclCommDestroy(comm);
+        comm = nullptr;
+      }
       log(LogLevel::warning, "{}: {}", label_, refusal_);
     }
 #else
+    (void)ordinals;
+    (void)broadcast;
     refusal_ = "this build of retrace has no NCCL (it was not found when retrace was built)";
 #endif
-    staged_.resize(ordinals_.size());
   }
 
   ~NcclGroup() override {
@@ -167,11 +218,12 @@ class NcclGroup final : public detail::CollectiveGroup {
 
   void end_enqueue() override {
     RETRACE_ASSERT(enqueue_lock_.owns_lock(), "end_enqueue follows begin_enqueue");
-    const std::size_t missing =
-        static_cast<std::size_t>(std::count(staged_.begin(), staged_.end(), std::nullopt));
+    const std::size_t missing = static_cast<std::size_t>(std::count_if(
+        local_.begin(), local_.end(), [&](std::uint32_t r) { return !staged_[r]; }));
     RETRACE_CHECK(missing == 0, failed_precondition,
-                  "{}: {} of {} members did not enqueue their part of the collective", label_,
-                  missing, staged_.size());
+                  "{}: {} of this process' {} members did not enqueue their part of the "
+                  "collective",
+                  label_, missing, local_.size());
 #if RETRACE_HAVE_NCCL
     start();
 #endif
@@ -180,7 +232,9 @@ class NcclGroup final : public detail::CollectiveGroup {
 
   [[nodiscard]] const char* unsupported_reason(const CollectiveParams& p) const noexcept {
     if (!refusal_.empty()) return "collectives on this mesh line (see the mesh's refusal)";
-    if (p.rank >= staged_.size()) return "a collective rank outside its group";
+    if (p.rank >= staged_.size() || ordinals_[p.rank] < 0) {
+      return "a collective rank outside this process' part of its group";
+    }
     if (!staging_.load()) {
       return "collectives enqueued outside ops::all_reduce, all_gather and reduce_scatter";
     }
@@ -218,9 +272,9 @@ class NcclGroup final : public detail::CollectiveGroup {
   void start() {
     const CurrentDevice keep;
     RelaxedCapture relaxed;
-    const std::size_t n = staged_.size();
-    nccl_check(ncclGroupStart(), 0, "starting an NCCL group");
-    for (std::size_t r = 0; r < n; ++r) {
+    const std::uint32_t first = local_.front();
+    nccl_check(ncclGroupStart(), first, "starting an NCCL group");
+    for (const std::uint32_t r : local_) {
       const Part& part = *staged_[r];
       const ncclResult_t e =
           ncclAllReduce(part.word, part.word, 1, ncclUint32, ncclMax, comms_[r], part.ctx.stream);
@@ -229,15 +283,15 @@ class NcclGroup final : public detail::CollectiveGroup {
         nccl_check(e, r, "exchanging failure states");
       }
     }
-    nccl_check(ncclGroupEnd(), 0, "exchanging failure states");
-    for (std::size_t r = 0; r < n; ++r) {
+    nccl_check(ncclGroupEnd(), first, "exchanging failure states");
+    for (const std::uint32_t r : local_) {
       const Part& part = *staged_[r];
       RETRACE_CUDA_CHECK(cudaSetDevice(ordinals_[r]), "{}: selecting GPU {}", label_, ordinals_[r]);
       RETRACE_CUDA_CHECK(launch_adopt_peer_failure(part.ctx, part.word),
                          "{}: launching the failure exchange on {}", label_, members_[r]);
     }
-    nccl_check(ncclGroupStart(), 0, "starting an NCCL group");
-    for (std::size_t r = 0; r < n; ++r) {
+    nccl_check(ncclGroupStart(), first, "starting an NCCL group");
+    for (const std::uint32_t r : local_) {
       const Part& part = *staged_[r];
       const CollectiveParams& p = part.params;
       const ncclDataType_t type = nccl_type(p.dtype);
@@ -259,13 +313,14 @@ class NcclGroup final : public detail::CollectiveGroup {
         nccl_check(e, r, detail::collective_op_name(p.op));
       }
     }
-    nccl_check(ncclGroupEnd(), 0, detail::collective_op_name(staged_[0]->params.op));
+    nccl_check(ncclGroupEnd(), first, detail::collective_op_name(staged_[first]->params.op));
   }
 
   std::vector<ncclComm_t> comms_;
 #endif
 
-  std::vector<int> ordinals_;
+  std::vector<std::uint32_t> local_;  // the ranks of this process' members
+  std::vector<int> ordinals_;         // per rank: its GPU, -1 in another process
   std::string refusal_;       // why this line cannot run collectives; "" when it can
   std::mutex enqueue_mutex_;  // one collective enqueued at a time
   std::unique_lock<std::mutex> enqueue_lock_;
@@ -303,16 +358,17 @@ CollectiveSiteInfo collective_site_info(const CollectiveParams& p) {
 void register_nccl_transport() {
   detail::register_collective_transport(
       "cuda",
-      [](std::span<Device* const> members, std::vector<std::string> names, std::string label,
+      [](detail::TransportLine line,
          const MeshOptions&) -> std::unique_ptr<detail::CollectiveGroup> {
         std::vector<int> ordinals;
-        for (Device* d : members) {
+        for (Device* d : line.members) {
           auto* backend = backend_of<CudaBackend>(*d);
-          RETRACE_CHECK(backend != nullptr, invalid_argument, "MeshDevice: {} is not a CUDA device",
-                        d->name());
+          RETRACE_CHECK(backend != nullptr, invalid_argument,
+                        "MeshDevice: {} is not a CUDA device", d->name());
           ordinals.push_back(backend->ordinal());
         }
-        return std::make_unique<NcclGroup>(std::move(names), std::move(label), std::move(ordinals));
+        return std::make_unique<NcclGroup>(std::move(line.names), std::move(line.label),
+                                           std::move(line.ranks), ordinals, line.broadcast);
       });
 }
 

@@ -413,22 +413,30 @@ std::unique_ptr<MeshDevice> open_mesh(std::string_view backend, std::vector<std:
   // This rank's member, opened here; every rank learns whether every rank managed.
   std::unique_ptr<Device> device;
   std::string failure;
+  // The ranks on this host, and this rank's place among them.
+  int on_node = 1, node_rank = 0;
+  {
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, static_cast<int>(rank),
+                                  MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_rank(node, &node_rank);
+    MPI_Comm_free(&node);
+  }
   try {
-    const std::string spec = fmt::format("{}:{}", backend, first_id + rank);
+    // A GPU backend's device number is the GPU: the k-th rank on a host takes its k-th GPU.
+    const bool per_host = backend == "cuda";
+    const std::uint32_t n = first_id + static_cast<std::uint32_t>(
+                                           per_host ? static_cast<std::size_t>(node_rank) : rank);
+    const std::string spec = fmt::format("{}:{}", backend, n);
     DeviceOptions settings = member_options ? *member_options : default_device_options(spec);
     if (!member_options) {
       // The host's cores, shared among the ranks on it.
-      MPI_Comm node = MPI_COMM_NULL;
-      check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, static_cast<int>(rank),
-                                    MPI_INFO_NULL, &node),
-                "MPI_Comm_split_type");
-      int on_node = 1;
-      MPI_Comm_size(node, &on_node);
-      MPI_Comm_free(&node);
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       settings.kernel_threads = std::max(1u, cores / static_cast<unsigned>(std::max(on_node, 1)));
     }
-    settings.id = DeviceId{first_id + static_cast<std::uint32_t>(rank)};
+    settings.id = DeviceId{n};
     device = open_device(spec, settings);
   } catch (const Error& e) {
     failure = e.what();
@@ -456,6 +464,13 @@ std::unique_ptr<MeshDevice> open_mesh(std::string_view backend, std::vector<std:
 
   // One communicator per axis: the ranks along this rank's line of it, ordered along it. Every
   // rank makes the same calls in the same (axis) order.
+  Device* const member = device.get();
+  // A member whose memory the host cannot reach meets its peers through its backend's
+  // transport (CUDA: NCCL, its id sent over the line's communicator), if it has one.
+  const detail::DeviceGroupFactory* transport =
+      member->supports(Capability::host_visible_memory)
+          ? nullptr
+          : detail::collective_transport(member->backend());
   std::vector<std::unique_ptr<Device>> members;
   members.push_back(std::move(device));
   const auto timeout = options.collective_timeout;
@@ -471,6 +486,25 @@ std::unique_ptr<MeshDevice> open_mesh(std::string_view backend, std::vector<std:
         const std::size_t coord = rank / stride % extents[axis];
         check_mpi(MPI_Comm_split(world, static_cast<int>(line), static_cast<int>(coord), &comm),
                   "MPI_Comm_split");
+        if (transport != nullptr) {
+          detail::TransportLine t{{member}, {static_cast<std::uint32_t>(coord)},
+                                  std::move(group_names), std::move(label),
+                                  [comm](std::span<std::byte> bytes) {
+                                    check_mpi(MPI_Bcast(bytes.data(),
+                                                        static_cast<int>(bytes.size()), MPI_BYTE,
+                                                        0, comm),
+                                              "MPI_Bcast");
+                                  }};
+          std::unique_ptr<detail::CollectiveGroup> group;
+          try {
+            group = (*transport)(std::move(t), options);
+          } catch (...) {
+            MPI_Comm_free(&comm);
+            throw;
+          }
+          MPI_Comm_free(&comm);
+          return group;
+        }
         return std::make_unique<MpiGroup>(std::move(group_names), std::move(label), comm,
                                           timeout);
       },
