@@ -22,6 +22,10 @@
 // and are summed on each rank in rank order, so the results are bit-identical to the same mesh
 // in one process (and traced == eager bit for bit).
 //
+// CUDA members: open_mesh("cuda") gives the k-th rank on each host its GPU k, and the ranks'
+// collectives run through NCCL (its ids sent over MPI) inside their CUDA graphs, as in one
+// process; see docs/contract.md for what differs from CPU members.
+//
 // MPI must provide MPI_THREAD_MULTIPLE: the collectives run on the members' queue threads while
 // the program's thread may call gather_to_host. init() asks for it; a program that initialises
 // MPI itself must ask for it too (failed_precondition otherwise). MPI is finalised at exit when
