@@ -24,7 +24,8 @@
 //
 // CUDA members: open_mesh("cuda") gives the k-th rank on each host its GPU k, and the ranks'
 // collectives run through NCCL (its ids sent over MPI) inside their CUDA graphs, as in one
-// process; see docs/contract.md for what differs from CPU members.
+// process; their headers are compared when they are enqueued, not when they run (see
+// docs/contract.md for what differs from CPU members).
 //
 // MPI must provide MPI_THREAD_MULTIPLE: the collectives run on the members' queue threads while
 // the program's thread may call gather_to_host. init() asks for it; a program that initialises

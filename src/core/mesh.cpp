@@ -713,6 +713,34 @@ MeshTensor run_collective(const MeshTensor& x, std::size_t axis, CollectiveOp op
                 "{}: {} of the {} members of {} are capturing on this thread; a collective is "
                 "captured on every member or on none",
                 name, capturing, count, s.name);
+  // Across processes, a device transport (NCCL) cannot compare the members' collectives when
+  // they run (the host transports exchange a header then): the processes compare them here,
+  // before anything is enqueued, so ranks that disagree fail together instead of hanging.
+  if (s.processes && s.group_of(s.local[0], axis).first->whole_buffers_only()) {
+    struct Header {
+      std::int64_t outer, chunk;
+      std::uint8_t op, dtype, pad[6];
+    };
+    const Header mine{outer, chunk, static_cast<std::uint8_t>(op),
+                      static_cast<std::uint8_t>(first.dtype()), {}};
+    std::vector<std::byte> local(sizeof(Header) * count);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::memcpy(local.data() + i * sizeof(Header), &mine, sizeof(Header));
+    }
+    const std::vector<std::byte> all = s.processes->all_gather_members(local, sizeof(Header));
+    const auto params_of = [&](const Header& h) {
+      return CollectiveParams{nullptr, nullptr, nullptr, h.outer, h.chunk,
+                              static_cast<DType>(h.dtype), static_cast<CollectiveOp>(h.op), 0};
+    };
+    const std::string& me = s.member_names[s.local[0]];
+    for (std::size_t m = 0; m < s.size(); ++m) {
+      Header theirs{};
+      std::memcpy(&theirs, all.data() + m * sizeof(Header), sizeof(Header));
+      const std::string why = detail::collective_disagreement(me, params_of(mine),
+                                                              s.member_names[m], params_of(theirs));
+      RETRACE_CHECK(why.empty(), invalid_argument, "{} on {}: {}", name, s.name, why);
+    }
+  }
   std::vector<Tensor> out;
   out.reserve(count);
   for (std::size_t i = 0; i < count; ++i) {
