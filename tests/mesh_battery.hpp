@@ -6,6 +6,7 @@
 
 #include "retrace/mesh.hpp"
 #include "retrace/ops.hpp"
+#include "retrace/registry.hpp"
 #include "retrace/tracer.hpp"
 #include "retrace/tree.hpp"
 
@@ -19,6 +20,15 @@
 #include <vector>
 
 namespace retrace::testing {
+
+// Options of a CUDA mesh member small enough for several on one GPU (throws without the
+// CUDA backend).
+inline DeviceOptions small_gpu_options() {
+  DeviceOptions options = default_device_options("cuda");
+  options.memory_bytes = std::size_t{256} << 20;
+  options.trace_region_bytes = std::size_t{128} << 20;
+  return options;
+}
 
 struct BatteryInputs {
   MeshTensor partial;               // member k holds its own summand

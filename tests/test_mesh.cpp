@@ -130,9 +130,9 @@ std::unique_ptr<MeshDevice> whole_buffer_mesh(const std::vector<std::size_t>& sh
   }
   return std::make_unique<MeshDevice>(detail::make_mesh_state(
       std::move(members), std::move(local), std::move(names), shape, MeshOptions{},
-      [](std::size_t, std::size_t, std::vector<std::string> group, std::string label) {
+      [](detail::MeshLine line) {
         return std::make_unique<detail::SharedMemoryGroup>(
-            std::move(group), std::move(label), std::chrono::minutes(1), true);
+            std::move(line.names), std::move(line.label), std::chrono::minutes(1), true);
       },
       nullptr));
 }

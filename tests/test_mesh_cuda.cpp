@@ -20,13 +20,6 @@ namespace {
 
 using testing::expect_error;
 
-DeviceOptions small_gpu_options() {
-  DeviceOptions options = default_device_options("cuda");
-  options.memory_bytes = std::size_t{256} << 20;
-  options.trace_region_bytes = std::size_t{128} << 20;
-  return options;
-}
-
 #define RETRACE_NEED_GPUS(n)                                                            \
   do {                                                                                  \
     if (cuda_device_count() < (n)) {                                                    \
@@ -43,7 +36,7 @@ TEST(CudaMesh, CollectivesMatchTheCpuMeshAndReplayBitForBit) {
   if (gpus >= 2) shapes.push_back({2});
   if (gpus >= 4) shapes.push_back({2, 2});
   for (const std::vector<std::size_t>& shape : shapes) {
-    auto gpu = MeshDevice::open("cuda", shape, small_gpu_options());
+    auto gpu = MeshDevice::open("cuda", shape, testing::small_gpu_options());
     SCOPED_TRACE(gpu->name());
     auto cpu = MeshDevice::open("cpu", shape);
     testing::expect_batteries_close(testing::collective_battery(*gpu),
@@ -53,19 +46,19 @@ TEST(CudaMesh, CollectivesMatchTheCpuMeshAndReplayBitForBit) {
 
 TEST(CudaMesh, IntegerAndBfloat16Sums) {
   RETRACE_NEED_GPUS(2);
-  auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
+  auto mesh = MeshDevice::open("cuda", {2}, testing::small_gpu_options());
   testing::expect_integer_and_bfloat16_sums(*mesh);
 }
 
 TEST(CudaMesh, AFailingMemberFailsTheCollectiveOnEveryMember) {
   RETRACE_NEED_GPUS(2);
-  auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
+  auto mesh = MeshDevice::open("cuda", {2}, testing::small_gpu_options());
   testing::expect_a_failing_member_fails_every_member(*mesh, {"all_reduce", "member cuda:1"});
 }
 
 TEST(CudaMesh, RepeatedCaptureAndReleaseLeavesMemoryWhereItStarted) {
   RETRACE_NEED_GPUS(2);
-  auto mesh = MeshDevice::open("cuda", {2}, small_gpu_options());
+  auto mesh = MeshDevice::open("cuda", {2}, testing::small_gpu_options());
   testing::expect_capture_cycles_leave_memory_where_it_started(*mesh, 1000);
 }
 

@@ -392,10 +392,7 @@ TEST(MpiMesh, ClosingTheMeshRefusesItsTensors) {
 TEST(MpiMesh, CudaMembersMeetThroughNccl) {
   std::unique_ptr<MeshDevice> gpu;
   try {
-    DeviceOptions options = default_device_options("cuda");
-    options.memory_bytes = std::size_t{256} << 20;
-    options.trace_region_bytes = std::size_t{128} << 20;
-    gpu = mpi::open_mesh("cuda", {}, options);
+    gpu = mpi::open_mesh("cuda", {}, testing::small_gpu_options());
   } catch (const Error& e) {
     GTEST_SKIP() << "no GPU for every rank: " << e.message();
   }

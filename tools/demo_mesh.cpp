@@ -86,18 +86,14 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
 #endif
   (void)across;
   if (!mesh && backend == "cuda") {
-    // One member per GPU (cuda:0 .. cuda:n-1; the reference device shares GPU 0). The members
-    // meet through NCCL.
-    std::vector<std::unique_ptr<Device>> members;
-    for (std::size_t i = 0; i < n; ++i) {
-      try {
-        members.push_back(retrace::open_device(fmt::format("cuda:{}", i), member_options));
-      } catch (const Error& e) {
-        throw cli::DeviceUnavailable(
-            fmt::format("--mesh {} --device cuda needs {} GPUs: {}", n, n, e.message()));
-      }
+    // One member per GPU (cuda:0 .. cuda:n-1; the reference device shares GPU 0), meeting
+    // through NCCL.
+    try {
+      mesh = MeshDevice::open("cuda", {n}, member_options);
+    } catch (const Error& e) {
+      throw cli::DeviceUnavailable(
+          fmt::format("--mesh {} --device cuda needs {} GPUs: {}", n, n, e.message()));
     }
-    mesh = std::make_unique<MeshDevice>(std::move(members), std::vector<std::size_t>{n});
   }
   if (!mesh) mesh = MeshDevice::open("cpu", {n}, member_options, {}, device->id().value + 1);
   const models::TensorParallelDiT split(*model, *mesh);

@@ -232,13 +232,21 @@ std::shared_ptr<MeshState> make_mesh_state(std::vector<std::unique_ptr<Device>> 
     for (std::size_t i = 0; i < count; ++i) {
       names[s.line_of(s.coords(i), axis)].push_back(s.member_names[i]);  // in order along it
     }
-    std::vector<char> here(lines, 0);
-    for (std::size_t i : s.local) here[s.line_of(s.coords(i), axis)] = 1;
+    std::vector<MeshLine> here(lines);
+    for (std::size_t k = 0; k < s.local.size(); ++k) {  // s.local ascends: in order along it
+      const std::vector<std::size_t> c = s.coords(s.local[k]);
+      MeshLine& line = here[s.line_of(c, axis)];
+      line.members.push_back(members[k].get());
+      line.ranks.push_back(static_cast<std::uint32_t>(c[axis]));
+    }
     s.groups[axis].resize(lines);
     for (std::size_t g = 0; g < lines; ++g) {
-      if (!here[g]) continue;
-      std::string label = fmt::format("mesh axis {} [{}]", axis, fmt::join(names[g], ", "));
-      s.groups[axis][g] = groups(axis, g, std::move(names[g]), std::move(label));
+      if (here[g].members.empty()) continue;
+      here[g].axis = axis;
+      here[g].index = g;
+      here[g].label = fmt::format("mesh axis {} [{}]", axis, fmt::join(names[g], ", "));
+      here[g].names = std::move(names[g]);
+      s.groups[axis][g] = groups(std::move(here[g]));
     }
   }
   s.processes = std::move(processes);
@@ -284,6 +292,14 @@ const DeviceGroupFactory* collective_transport(std::string_view backend) {
   return nullptr;
 }
 
+const DeviceGroupFactory* device_transport(const std::vector<Device*>& members) {
+  const std::string_view backend = members.front()->backend();
+  const bool device_memory = std::all_of(members.begin(), members.end(), [&](const Device* d) {
+    return d->backend() == backend && !d->supports(Capability::host_visible_memory);
+  });
+  return device_memory ? collective_transport(backend) : nullptr;
+}
+
 }  // namespace detail
 
 MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
@@ -291,46 +307,16 @@ MeshDevice::MeshDevice(std::vector<std::unique_ptr<Device>> members,
   std::vector<std::size_t> local(members.size());
   std::iota(local.begin(), local.end(), std::size_t{0});
   std::vector<std::string> names;
-  std::vector<Device*> devices;  // valid while the groups are made (make_mesh_state owns them)
-  for (const auto& m : members) {
-    names.push_back(m ? m->name() : std::string("null"));
-    devices.push_back(m.get());
-  }
-  const std::vector<std::size_t> mesh_shape =
-      shape.empty() ? std::vector<std::size_t>{members.size()} : shape;
+  for (const auto& m : members) names.push_back(m ? m->name() : std::string("null"));
   state_ = detail::make_mesh_state(
       std::move(members), std::move(local), std::move(names), std::move(shape), options,
-      [&](std::size_t axis, std::size_t line, std::vector<std::string> group_names,
-          std::string label) -> std::unique_ptr<detail::CollectiveGroup> {
-        // The line's members in order along the axis (as make_mesh_state names them).
-        std::vector<Device*> along;
-        for (std::size_t i = 0; i < devices.size(); ++i) {
-          std::size_t rest = i, g = 0, stride = 1;
-          for (std::size_t a = mesh_shape.size(); a-- > 0;) {
-            if (a != axis) {
-              g += (rest % mesh_shape[a]) * stride;
-              stride *= mesh_shape[a];
-            }
-            rest /= mesh_shape[a];
-          }
-          if (g == line) along.push_back(devices[i]);
-        }
+      [&](detail::MeshLine line) -> std::unique_ptr<detail::CollectiveGroup> {
         // Members whose memory the host cannot reach meet through their backend's transport.
-        const std::string_view backend = along.front()->backend();
-        const bool same = std::all_of(along.begin(), along.end(), [&](const Device* d) {
-          return d->backend() == backend && !d->supports(Capability::host_visible_memory);
-        });
-        if (same) {
-          if (const auto* factory = detail::collective_transport(backend)) {
-            detail::TransportLine transport{along, {}, std::move(group_names), std::move(label),
-                                            nullptr};
-            for (std::uint32_t r = 0; r < along.size(); ++r) transport.ranks.push_back(r);
-            return (*factory)(std::move(transport), options);
-          }
+        if (const auto* transport = detail::device_transport(line.members)) {
+          return (*transport)(std::move(line), options);
         }
-        return std::make_unique<detail::SharedMemoryGroup>(std::move(group_names),
-                                                           std::move(label),
-                                                           options.collective_timeout);
+        return std::make_unique<detail::SharedMemoryGroup>(
+            std::move(line.names), std::move(line.label), options.collective_timeout);
       },
       nullptr);
 }

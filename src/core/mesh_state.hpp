@@ -8,8 +8,8 @@
 #include "retrace/mesh.hpp"
 
 #include <atomic>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -82,29 +82,35 @@ struct MeshState {
   }
 };
 
-// Makes a group for one line of a mesh axis: (axis, line, member names along it, label).
-using GroupFactory = std::function<std::unique_ptr<CollectiveGroup>(
-    std::size_t axis, std::size_t line, std::vector<std::string> names, std::string label)>;
-
-// One line of a mesh axis whose members are devices of one backend that a host transport
-// cannot reach (CUDA devices: NCCL), as its transport sees it from this process.
-struct TransportLine {
-  std::vector<Device*> members;    // this process' members of the line, in rank order
+// One line of a mesh axis (the members that share every coordinate but the axis'), as this
+// process sees it.
+struct MeshLine {
+  std::size_t axis = 0;
+  std::size_t index = 0;             // which line of the axis
+  std::vector<Device*> members;      // this process' members of the line, in rank order
   std::vector<std::uint32_t> ranks;  // their ranks along the line
-  std::vector<std::string> names;  // every member of the line, in rank order
-  std::string label;
+  std::vector<std::string> names;    // every member of the line, in rank order
+  std::string label;                 // "mesh axis 0 [cpu:0, cpu:1]"
   // Across processes (MPI): copies the bytes of the process holding rank 0 of the line into
   // every process of the line; a collective call of the line's processes. Null in one process.
   std::function<void(std::span<std::byte>)> broadcast;
 };
-// Makes the collective group of such a line.
+
+// Makes the collective group of a line with a member in this process.
+using GroupFactory = std::function<std::unique_ptr<CollectiveGroup>(MeshLine line)>;
+
+// Makes the collective group of a line whose members are devices of one backend that a host
+// transport cannot reach (CUDA devices: NCCL).
 using DeviceGroupFactory =
-    std::function<std::unique_ptr<CollectiveGroup>(TransportLine line, const MeshOptions& options)>;
+    std::function<std::unique_ptr<CollectiveGroup>(MeshLine line, const MeshOptions& options)>;
 // Registers the transport of a backend's devices (its library does, from a static
 // initialiser). Returns true.
 bool register_collective_transport(std::string backend, DeviceGroupFactory factory);
 // The transport registered for a backend's devices, or null.
 [[nodiscard]] const DeviceGroupFactory* collective_transport(std::string_view backend);
+// The transport of a line whose members here are all devices of one backend without
+// host-visible memory, when that backend registered one; null otherwise (a host transport).
+[[nodiscard]] const DeviceGroupFactory* device_transport(const std::vector<Device*>& members);
 
 // Checks and assembles a mesh: `members` are this process' devices, at mesh indices `local`
 // (ascending); `member_names` names every member of the mesh; `groups` makes the collective

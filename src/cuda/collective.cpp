@@ -188,8 +188,7 @@ class NcclGroup final : public detail::CollectiveGroup {
   }
 
   [[nodiscard]] const char* refuses(const Device& device) const noexcept override {
-    if (device.backend() != "cuda")
-      return "it is not a CUDA device, and this line meets through NCCL";
+    (void)device;  // a CUDA member: NCCL groups are made for lines of CUDA devices only
     return refusal_.empty() ? nullptr : refusal_.c_str();
   }
   [[nodiscard]] bool whole_buffers_only() const noexcept override {
@@ -358,7 +357,7 @@ CollectiveSiteInfo collective_site_info(const CollectiveParams& p) {
 void register_nccl_transport() {
   detail::register_collective_transport(
       "cuda",
-      [](detail::TransportLine line,
+      [](detail::MeshLine line,
          const MeshOptions&) -> std::unique_ptr<detail::CollectiveGroup> {
         std::vector<int> ordinals;
         for (Device* d : line.members) {

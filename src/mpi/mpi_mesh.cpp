@@ -464,40 +464,27 @@ std::unique_ptr<MeshDevice> open_mesh(std::string_view backend, std::vector<std:
 
   // One communicator per axis: the ranks along this rank's line of it, ordered along it. Every
   // rank makes the same calls in the same (axis) order.
-  Device* const member = device.get();
-  // A member whose memory the host cannot reach meets its peers through its backend's
-  // transport (CUDA: NCCL, its id sent over the line's communicator), if it has one.
-  const detail::DeviceGroupFactory* transport =
-      member->supports(Capability::host_visible_memory)
-          ? nullptr
-          : detail::collective_transport(member->backend());
   std::vector<std::unique_ptr<Device>> members;
   members.push_back(std::move(device));
   const auto timeout = options.collective_timeout;
-  const std::vector<std::size_t> extents = shape;
   auto state = detail::make_mesh_state(
       std::move(members), {rank}, std::move(names), std::move(shape), options,
-      [&](std::size_t axis, std::size_t line, std::vector<std::string> group_names,
-          std::string label) -> std::unique_ptr<detail::CollectiveGroup> {
+      [&](detail::MeshLine line) -> std::unique_ptr<detail::CollectiveGroup> {
+        // Ordered by this rank's coordinate along the axis.
         MPI_Comm comm = MPI_COMM_NULL;
-        // key: this rank's coordinate along the axis (row-major: rank / stride % extent).
-        std::size_t stride = 1;
-        for (std::size_t a = axis + 1; a < extents.size(); ++a) stride *= extents[a];
-        const std::size_t coord = rank / stride % extents[axis];
-        check_mpi(MPI_Comm_split(world, static_cast<int>(line), static_cast<int>(coord), &comm),
+        check_mpi(MPI_Comm_split(world, static_cast<int>(line.index),
+                                 static_cast<int>(line.ranks.front()), &comm),
                   "MPI_Comm_split");
-        if (transport != nullptr) {
-          detail::TransportLine t{{member}, {static_cast<std::uint32_t>(coord)},
-                                  std::move(group_names), std::move(label),
-                                  [comm](std::span<std::byte> bytes) {
-                                    check_mpi(MPI_Bcast(bytes.data(),
-                                                        static_cast<int>(bytes.size()), MPI_BYTE,
-                                                        0, comm),
-                                              "MPI_Bcast");
-                                  }};
+        // A member whose memory the host cannot reach meets its peers through its backend's
+        // transport (CUDA: NCCL, its id sent over the line's communicator), if it has one.
+        if (const auto* transport = detail::device_transport(line.members)) {
+          line.broadcast = [comm](std::span<std::byte> bytes) {
+            check_mpi(MPI_Bcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm),
+                      "MPI_Bcast");
+          };
           std::unique_ptr<detail::CollectiveGroup> group;
           try {
-            group = (*transport)(std::move(t), options);
+            group = (*transport)(std::move(line), options);
           } catch (...) {
             MPI_Comm_free(&comm);
             throw;
@@ -505,7 +492,7 @@ std::unique_ptr<MeshDevice> open_mesh(std::string_view backend, std::vector<std:
           MPI_Comm_free(&comm);
           return group;
         }
-        return std::make_unique<MpiGroup>(std::move(group_names), std::move(label), comm,
+        return std::make_unique<MpiGroup>(std::move(line.names), std::move(line.label), comm,
                                           timeout);
       },
       std::move(processes), "mpi mesh");
