@@ -12,6 +12,9 @@
 #include <retrace/ops.hpp>
 #include <retrace/registry.hpp>
 #include <retrace/tracer.hpp>
+#include "util/cpus.hpp"
+
+#include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
@@ -402,6 +405,33 @@ TEST(MpiMesh, CudaMembersMeetThroughNccl) {
                                   testing::collective_battery(*cpu), gpu->size());
 }
 
+// Tests that hold for any number of ranks, one included (ctest runs them alone on one rank).
+// Members opened without options get the host's CPUs shared among the ranks on it, and no more
+// than the rank may run on: kernel_threads 1 (their queue's thread only) or n > 1 (at most n of
+// the shared kernel threads).
+TEST(MpiAnyRanks, DefaultMembersGetTheirShareOfTheCpus) {
+  auto mesh = mpi::open_mesh("cpu");
+  EXPECT_EQ(mesh->size(), ranks());
+  MPI_Comm node = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+            MPI_SUCCESS);
+  int on_node = 1;
+  MPI_Comm_size(node, &on_node);
+  MPI_Comm_free(&node);
+  const unsigned share = std::max(
+      1u, std::min(util::host_cpus() / static_cast<unsigned>(on_node), util::usable_cpus()));
+  const std::string description = mesh->local_member(0).description();
+  EXPECT_NE(
+      description.find(share == 1 ? std::string("each on its queue's thread")
+                                  : fmt::format("kernels split over at most {} threads", share)),
+      std::string::npos)
+      << description;
+  // The member computes: an all_reduce of this rank's ones gives the number of ranks.
+  const MeshTensor ones = partial_of(std::vector<Tensor>(ranks(), host_full(1000, 1.0f)), *mesh);
+  const MeshTensor sum = ops::all_reduce(ones);
+  EXPECT_EQ(sum.shard(0).to_vector<float>(), std::vector<float>(1000, static_cast<float>(ranks())));
+}
+
 }  // namespace
 }  // namespace retrace
 
@@ -410,10 +440,8 @@ TEST(MpiMesh, CudaMembersMeetThroughNccl) {
 int main(int argc, char** argv) {
   retrace::mpi::init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
-  if (retrace::mpi::world_size() < 2) {
-    std::printf("skipped: run under mpirun with 2 or more ranks\n");
-    return 77;
-  }
+  // One rank: only the tests that hold for any number of ranks.
+  if (retrace::mpi::world_size() < 2) ::testing::GTEST_FLAG(filter) = "MpiAnyRanks.*";
   if (retrace::mpi::world_rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

@@ -111,12 +111,14 @@ TEST_F(OpEdgesTest, ThinLinearsMatchAFloat64Reference) {
 
 // Elementwise, row-wise and copy kernels split their rows or elements over the process's kernel
 // threads (from 8192 elements a part); a device with kernel_threads = 1 runs them whole on its
-// queue's thread. Every element's value must not depend on where the split falls: both give the
-// same bits, at shapes around the split sizes and with odd extents whose parts end mid-vector.
+// queue's thread, one with kernel_threads = 2 over at most two. Every element's value must not
+// depend on where the split falls: all give the same bits, at shapes around the split sizes and
+// with odd extents whose parts end mid-vector.
 TEST(StreamingKernelThreads, TheKernelThreadsGiveTheBitsOfOneThread) {
   if (testing::test_backend() != "cpu") GTEST_SKIP() << "the CPU device's kernel threads";
   auto split = open_cpu_device(CpuDeviceOptions{.id = DeviceId{3}});
   auto whole = open_cpu_device(CpuDeviceOptions{.id = DeviceId{4}, .kernel_threads = 1});
+  auto capped = open_cpu_device(CpuDeviceOptions{.id = DeviceId{5}, .kernel_threads = 2});
   const std::vector<Shape> shapes = {{256, 256}, {257, 131}, {3, 40001}, {16385}, {2, 8193},
                                      {64, 3, 129}};
   std::uint64_t salt = 0;
@@ -148,10 +150,14 @@ TEST(StreamingKernelThreads, TheKernelThreadsGiveTheBitsOfOneThread) {
       };
       const auto on_threads = run(*split);
       const auto on_one = run(*whole);
+      const auto on_two = run(*capped);
       ASSERT_EQ(on_threads.size(), on_one.size());
+      ASSERT_EQ(on_two.size(), on_one.size());
       for (std::size_t i = 0; i < on_one.size(); ++i) {
         EXPECT_EQ(on_threads[i], on_one[i])
             << "result " << i << " of " << fmt::format("{}", shape) << " in " << dtype_name(dtype);
+        EXPECT_EQ(on_two[i], on_one[i]) << "kernel_threads = 2: result " << i << " of "
+                                        << fmt::format("{}", shape) << " in " << dtype_name(dtype);
       }
     }
   }

@@ -11,6 +11,7 @@
 
 #include <retrace/mesh.hpp>
 #include <retrace/models/tensor_parallel_dit.hpp>
+#include "util/cpus.hpp"
 #include "util/timing.hpp"
 #ifdef RETRACE_HAVE_MPI
 #include <retrace/mpi.hpp>
@@ -108,6 +109,15 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
               static_cast<long long>(c.mlp_width()), static_cast<long long>(batch),
               static_cast<long long>(c.hidden));
 
+  // The CPUs the reference may use: under mpirun, the ones rank 0 is bound to.
+  const unsigned cpus = util::usable_cpus();
+  if (across && backend != "cuda" && cpus < util::host_cpus()) {
+    std::printf(
+        "  the reference runs on rank 0's %u of %u CPUs (mpirun's binding; "
+        "mpirun --bind-to none lets it use them all)\n",
+        cpus, util::host_cpus());
+  }
+
   std::vector<std::int64_t> label_list{label};
   if (batch == 2) label_list.push_back(c.num_classes);  // the null class
   auto host = [&](const std::vector<float>& values, const Shape& shape) {
@@ -149,8 +159,10 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
     }
     const std::vector<float> one_final = x.to_vector<float>();
     if (lead) {
-      one_bar.finish(fmt::format("median {:.2f} ms/step (eager, whole model on {})",
-                                 median(one_ms), device->name()));
+      one_bar.finish(fmt::format(
+          "median {:.2f} ms/step (eager, whole model on {}{})", median(one_ms), device->name(),
+          backend == "cuda" ? std::string()
+                            : fmt::format(", {} {}", cpus, cpus == 1 ? "CPU" : "CPUs")));
     } else {
       one_ms.push_back(0.0);  // the lead rank's reference
     }

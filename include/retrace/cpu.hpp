@@ -4,8 +4,9 @@
 // queue either runs its work on a worker thread (ExecutionMode::worker, the default) or on the
 // calling thread as it is enqueued (ExecutionMode::inline_). A blocking replay always runs on the
 // calling thread, once the queue's earlier work is done: a hand-off to another core costs
-// microseconds, more than replaying a small trace. Kernels split large loops across the cores
-// (RETRACE_KERNEL_THREADS caps the threads). Commands are plain structs (a kernel function
+// microseconds, more than replaying a small trace. Kernels split large loops across the CPUs the
+// process may run on (its affinity mask: taskset, a container's cpuset, an MPI rank's binding;
+// RETRACE_KERNEL_THREADS sets the count instead). Commands are plain structs (a kernel function
 // pointer and its parameters), replayed by walking an array.
 //
 // The kernels are built for several instruction sets (on x86-64: "x86-64", the baseline;
@@ -54,11 +55,12 @@ struct CpuDeviceOptions {
   // architectures "generic". A name this build lacks is invalid_argument; a variant this CPU
   // cannot run is unimplemented, naming what it lacks.
   std::string kernel_isa = {};
-  // 0: kernels split large loops over the process's kernel threads (shared by every CPU device);
-  // 1: every kernel runs on the queue's own thread, GEMMs single-threaded (Eigen), so devices
-  // used side by side (a mesh's members) each keep to one core. Other values: invalid_argument.
-  // Results may round differently between the two settings (another GEMM library), never
-  // between eager and traced work of one device.
+  // 0: kernels split large loops over the process's kernel threads (one per CPU the process may
+  // run on, shared by every CPU device); 1: every kernel runs on the queue's own thread, GEMMs
+  // single-threaded, so devices used side by side (a mesh's members) each keep to one core;
+  // n > 1: as 0, over at most n threads (the queue's included). Results may round differently
+  // between 1 and the other settings (another GEMM library), never between eager and traced work
+  // of one device, nor between settings other than 1.
   std::uint32_t kernel_threads = 0;
 };
 

@@ -207,11 +207,11 @@ struct DeviceOptions {
   std::size_t trace_region_bytes = std::size_t{256} << 20;
   std::uint32_t num_queues = 2;
   std::size_t guard_bytes = 0;
-  // Threads a device's kernels may use besides the thread running its queue: 0, the backend's
-  // default (CPU: the process's kernel threads, one per core, shared by every CPU device); 1,
-  // none (CPU: each kernel runs on its queue's thread only and GEMMs single-threaded, so devices
-  // working side by side, like a mesh's members, each keep to a core). Backends whose kernels
-  // run elsewhere (CUDA) ignore it.
+  // Threads a device's kernels may use, the thread running its queue included: 0, the backend's
+  // default (CPU: the process's kernel threads, one per CPU of its affinity mask, shared by
+  // every CPU device); 1, that thread only (CPU: GEMMs single-threaded too, so devices working
+  // side by side, like a mesh's members, each keep to a core); n > 1, at most n of the shared
+  // kernel threads. Backends whose kernels run elsewhere (CUDA) ignore it.
   std::uint32_t kernel_threads = 0;
 };
 

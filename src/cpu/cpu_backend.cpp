@@ -7,6 +7,7 @@
 #include "retrace/cpu.hpp"
 #include "retrace/error.hpp"
 #include "retrace/registry.hpp"
+#include "util/cpus.hpp"
 
 #include <sys/mman.h>
 
@@ -95,11 +96,18 @@ class CpuBackend final : public Backend {
   bool supports(KernelId kernel) const noexcept override { return kernels_.supports(kernel); }
 
   std::string description() const override {
-    return fmt::format("{} hardware threads, {} queues ({}), {} kernels ({}){}",
-                       std::thread::hardware_concurrency(), queues_.size(),
-                       options_.execution == ExecutionMode::worker ? "worker threads" : "inline",
-                       kernels_.name, choice_.how,
-                       options_.kernel_threads == 1 ? ", each on its queue's thread" : "");
+    const unsigned usable = util::usable_cpus(), host = util::host_cpus();
+    const std::string cpus = usable == host
+                                 ? fmt::format("{} hardware threads", host)
+                                 : fmt::format("{} of {} hardware threads usable", usable, host);
+    return fmt::format(
+        "{}, {} queues ({}), {} kernels ({}){}", cpus, queues_.size(),
+        options_.execution == ExecutionMode::worker ? "worker threads" : "inline", kernels_.name,
+        choice_.how,
+        options_.kernel_threads == 1 ? ", each on its queue's thread"
+        : options_.kernel_threads > 1
+            ? fmt::format(", kernels split over at most {} threads", options_.kernel_threads)
+            : std::string());
   }
 
   MemoryRegion region() override { return {region_.base(), region_.size(), 64, true}; }
@@ -234,10 +242,6 @@ std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options) {
                        options.num_queues, options.guard_bytes,  options.kernel_threads};
   RETRACE_CHECK(options.num_queues >= 1 && options.num_queues <= 64, invalid_argument,
                 "cpu:{}: num_queues must be in [1, 64], got {}", options.id, options.num_queues);
-  RETRACE_CHECK(options.kernel_threads <= 1, invalid_argument,
-                "cpu:{}: kernel_threads must be 0 (the shared kernel threads) or 1 (the queue's "
-                "thread only), got {}",
-                options.id, options.kernel_threads);
   return make_device(std::make_unique<cpu::CpuBackend>(options), common);
 }
 

@@ -1,5 +1,7 @@
 #include "cpu/parallel.hpp"
 
+#include "util/cpus.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,7 +16,7 @@ namespace retrace::cpu {
 namespace {
 
 thread_local bool in_parallel_region = false;
-thread_local bool serial_region = false;
+thread_local int region_cap = 0;  // KernelThreadCap: 0 none, 1 serial, n at most n
 std::atomic<int> thread_limit{1 << 20};
 
 // A fixed set of helper threads; one parallel loop at a time (others run serially). A helper
@@ -25,7 +27,8 @@ std::atomic<int> thread_limit{1 << 20};
 class KernelPool {
  public:
   KernelPool() {
-    int threads = static_cast<int>(std::thread::hardware_concurrency());
+    // One per CPU this process may use (its affinity mask), not per CPU of the host.
+    int threads = static_cast<int>(util::usable_cpus());
     if (const char* env = std::getenv("RETRACE_KERNEL_THREADS")) threads = std::atoi(env);
     threads_ = std::max(1, threads);
     for (int i = 1; i < threads_; ++i) helpers_.emplace_back([this, i] { run(i); });
@@ -125,16 +128,22 @@ int kernel_threads() noexcept { return std::min(pool().threads(), thread_limit.l
 
 void set_kernel_thread_limit(int threads) noexcept { thread_limit.store(std::max(1, threads)); }
 
-SerialKernels::SerialKernels(bool serial) noexcept : previous_(serial_region) {
-  serial_region = serial;
+KernelThreadCap::KernelThreadCap(int threads) noexcept : previous_(region_cap) {
+  region_cap = std::max(threads, 0);
 }
-SerialKernels::~SerialKernels() { serial_region = previous_; }
-bool serial_kernels() noexcept { return serial_region; }
+KernelThreadCap::~KernelThreadCap() {
+  region_cap = previous_;
+}
+bool serial_kernels() noexcept {
+  return region_cap == 1;
+}
 
 namespace detail {
 void parallel_for_impl(std::int64_t n, std::int64_t min_chunk, RangeFn fn, void* context) {
   if (n <= 0) return;
-  const int threads = in_parallel_region || serial_region ? 1 : kernel_threads();
+  const int threads = in_parallel_region ? 1
+                      : region_cap > 0   ? std::min(region_cap, kernel_threads())
+                                         : kernel_threads();
   const auto parts = static_cast<int>(
       std::min<std::int64_t>(threads, n / std::max<std::int64_t>(min_chunk, 1)));
   if (parts <= 1 || !pool().try_run(n, parts, fn, context)) fn(context, 0, n);

@@ -28,19 +28,20 @@ void parallel_for(std::int64_t n, std::int64_t min_chunk, Body&& body) {
 
 // Threads parallel_for uses (the calling thread included).
 [[nodiscard]] int kernel_threads() noexcept;
-// While a SerialKernels scope is alive on a thread, the kernels it runs use that thread only:
-// parallel_for runs serially and GEMMs take the single-threaded library (Eigen). A CPU device
-// opened with kernel_threads = 1 runs its queues' work inside one, so several such devices (the
-// members of a mesh) each keep to one core instead of contending for the shared helpers.
-class SerialKernels {
+// While a KernelThreadCap scope is alive on a thread, the kernels it runs use at most `threads`
+// kernel threads, that thread included (0: no cap). A CPU device runs its queues' work inside
+// one with its kernel_threads option. With a cap of 1 (serial_kernels()) parallel_for runs
+// serially and GEMMs take the single-threaded library, so several such devices (the members of
+// a mesh) each keep to one core instead of contending for the shared helpers.
+class KernelThreadCap {
  public:
-  explicit SerialKernels(bool serial) noexcept;
-  ~SerialKernels();
-  SerialKernels(const SerialKernels&) = delete;
-  SerialKernels& operator=(const SerialKernels&) = delete;
+  explicit KernelThreadCap(int threads) noexcept;
+  ~KernelThreadCap();
+  KernelThreadCap(const KernelThreadCap&) = delete;
+  KernelThreadCap& operator=(const KernelThreadCap&) = delete;
 
  private:
-  bool previous_;
+  int previous_;
 };
 [[nodiscard]] bool serial_kernels() noexcept;
 

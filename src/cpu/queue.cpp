@@ -4,7 +4,9 @@
 
 #include "retrace/error.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -41,14 +43,13 @@ void CpuEventState::signal() noexcept {
   done_.notify_all();
 }
 
-CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options,
-                   const KernelVariant& kernels)
+CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options, const KernelVariant& kernels)
     : label_(std::move(label)),
       kernels_(kernels),
       mode_(options.execution),
       eager_batch_(std::max<std::uint32_t>(options.eager_batch, 1)),
       spin_us_(options.worker_spin_us),
-      serial_kernels_(options.kernel_threads == 1) {
+      kernel_cap_(static_cast<int>(std::min<std::uint32_t>(options.kernel_threads, INT_MAX))) {
   if (mode_ == ExecutionMode::worker) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -224,7 +225,7 @@ void CpuQueue::run(const Item& item) noexcept {
 
 void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) noexcept {
   std::string what;
-  const SerialKernels scope(serial_kernels_);
+  const KernelThreadCap scope(kernel_cap_);
   const std::size_t ran = program.run(what, command_ns);
   if (ran == program.size()) return;
   try {

@@ -88,7 +88,7 @@ class CpuQueue {
   ExecutionMode mode_;
   std::uint32_t eager_batch_;
   std::uint32_t spin_us_;
-  bool serial_kernels_;  // kernel_threads = 1: kernels keep to the thread running them
+  int kernel_cap_;  // kernel_threads: at most this many threads per kernel (0: no cap)
 
   std::mutex mutex_;
   std::condition_variable work_cv_;

@@ -7,6 +7,7 @@
 #include "core/mesh_state.hpp"
 #include "retrace/error.hpp"
 #include "retrace/registry.hpp"
+#include "util/cpus.hpp"
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -432,9 +433,10 @@ std::unique_ptr<MeshDevice> open_mesh(std::string_view backend, std::vector<std:
     const std::string spec = fmt::format("{}:{}", backend, n);
     DeviceOptions settings = member_options ? *member_options : default_device_options(spec);
     if (!member_options) {
-      // The host's cores, shared among the ranks on it.
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      settings.kernel_threads = std::max(1u, cores / static_cast<unsigned>(std::max(on_node, 1)));
+      // The host's CPUs shared among the ranks on it, and no more than this rank may run on
+      // (mpirun binds each rank to a core by default for up to 2 ranks).
+      const unsigned share = util::host_cpus() / static_cast<unsigned>(std::max(on_node, 1));
+      settings.kernel_threads = std::max(1u, std::min(share, util::usable_cpus()));
     }
     settings.id = DeviceId{n};
     device = open_device(spec, settings);

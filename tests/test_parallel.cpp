@@ -1,0 +1,85 @@
+// The CPU device's kernel threads: how many a parallel loop uses under a device's
+// kernel_threads cap, and how many CPUs the process may use.
+#include "cpu/parallel.hpp"
+#include "support.hpp"
+#include "util/cpus.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+namespace retrace::cpu {
+namespace {
+
+// The ranges one parallel loop over n iterations (parts of at least 1024) was split into.
+std::vector<std::pair<std::int64_t, std::int64_t>> ranges_of(std::int64_t n) {
+  std::mutex mutex;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  parallel_for(n, 1024, [&](std::int64_t begin, std::int64_t end) {
+    std::lock_guard lock(mutex);
+    ranges.emplace_back(begin, end);
+  });
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
+}
+
+void expect_cover(const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges,
+                  std::int64_t n) {
+  ASSERT_FALSE(ranges.empty());
+  EXPECT_EQ(ranges.front().first, 0);
+  EXPECT_EQ(ranges.back().second, n);
+  for (std::size_t i = 1; i < ranges.size(); ++i) {
+    EXPECT_EQ(ranges[i].first, ranges[i - 1].second);
+  }
+}
+
+TEST(KernelThreads, ALoopUsesAtMostTheCapOfItsScope) {
+  constexpr std::int64_t n = 1 << 20;
+  const auto threads = static_cast<std::size_t>(kernel_threads());
+  EXPECT_GE(threads, 1u);
+  {
+    const auto ranges = ranges_of(n);
+    expect_cover(ranges, n);
+    EXPECT_LE(ranges.size(), threads);
+  }
+  for (int cap : {1, 2, 3, 1000}) {
+    const KernelThreadCap scope(cap);
+    EXPECT_EQ(serial_kernels(), cap == 1);
+    const auto ranges = ranges_of(n);
+    expect_cover(ranges, n);
+    EXPECT_LE(ranges.size(), std::min(threads, static_cast<std::size_t>(cap))) << cap;
+    if (cap == 1) {
+      EXPECT_EQ(ranges.size(), 1u);
+    }
+  }
+  // Scopes nest and restore the cap they found.
+  {
+    const KernelThreadCap outer(1);
+    {
+      const KernelThreadCap inner(0);
+      EXPECT_FALSE(serial_kernels());
+    }
+    EXPECT_TRUE(serial_kernels());
+  }
+  EXPECT_FALSE(serial_kernels());
+}
+
+TEST(KernelThreads, UsableCpusAreTheAffinityMasks) {
+  const unsigned usable = util::usable_cpus(), host = util::host_cpus();
+  EXPECT_GE(usable, 1u);
+  EXPECT_LE(usable, host);
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(usable, static_cast<unsigned>(CPU_COUNT(&set)));
+#endif
+}
+
+}  // namespace
+}  // namespace retrace::cpu
