@@ -333,6 +333,14 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
     const models::NamedDiTConfig& size = find_size(name);
     for (const std::string& isa : variants) {
     for (int threads : {1, 2}) {
+      cpu::set_kernel_thread_limit(threads);
+      if (cpu::kernel_threads() < threads) {
+        // A process bound to fewer CPUs (taskset, a cpuset, mpirun) has fewer kernel threads.
+        std::printf("%-4s %7d %-7s skipped: this process may run on %d CPU(s) only\n",
+                    name.c_str(), threads, (isa.empty() ? default_isa : isa).c_str(),
+                    cpu::kernel_threads());
+        continue;
+      }
       Row r = measure(size, threads, isa, repeats, steps);
       if (with_torch) {
         // libtorch does not depend on our kernel variant: timed once per size and threads.
