@@ -49,12 +49,15 @@ bool finalized() {
 }
 
 // Waits for a request, polling (so that a rank that never arrives can be given up on): spins
-// first, then yields, then sleeps a little. False at the deadline or once `stop` is set (the
-// request stays pending).
+// first, then yields, then sleeps, a little longer each time up to half a millisecond (a rank
+// waiting long for a peer that computes on the same host, as while rank 0 runs the demo's
+// reference, would otherwise wake 50,000 times a second and slow that peer down by a fifth).
+// False at the deadline or once `stop` is set (the request stays pending).
 bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view call,
               const std::atomic<bool>* stop = nullptr) {
   const auto spin_until = Clock::now() + std::chrono::microseconds(50);
   const auto yield_until = Clock::now() + std::chrono::milliseconds(2);
+  auto nap = std::chrono::microseconds(20);
   for (int i = 0;; ++i) {
     int done = 0;
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
@@ -66,7 +69,8 @@ bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view
     if (now < yield_until) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(500));
     }
   }
 }
@@ -314,14 +318,22 @@ class MpiProcesses final : public detail::MeshProcesses {
                   "gather_shards: one member per rank expected");
     const int count = byte_count(static_cast<std::int64_t>(bytes), "gather_shards");
     std::vector<std::byte> all(bytes * static_cast<std::size_t>(size_) + 1);
-    check_mpi(MPI_Allgather(local.data(), count, MPI_BYTE, all.data(), count, MPI_BYTE, comm_),
-              "MPI_Allgather");
+    // Nonblocking, and waited for as the collectives are: a rank that waits here for a rank
+    // still computing yields its CPU instead of busy-polling it (MPI's blocking calls spin).
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(local.data(), count, MPI_BYTE, all.data(), count, MPI_BYTE, comm_,
+                             &request),
+              "MPI_Iallgather");
+    (void)wait_for(request, Clock::time_point::max(), "MPI_Test");
     all.pop_back();
     return all;
   }
   bool all_true(bool value) override {
     int mine = value ? 1 : 0, all = 0;
-    check_mpi(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_, &request),
+              "MPI_Iallreduce");
+    (void)wait_for(request, Clock::time_point::max(), "MPI_Test");
     return all != 0;
   }
   [[nodiscard]] std::string describe() const override {
