@@ -4,7 +4,10 @@
 #include "support.hpp"
 #include "util/cpus.hpp"
 
+#include <retrace/cpu.hpp>
+
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -79,6 +82,28 @@ TEST(KernelThreads, UsableCpusAreTheAffinityMasks) {
   ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
   EXPECT_EQ(usable, static_cast<unsigned>(CPU_COUNT(&set)));
 #endif
+}
+
+// RETRACE_KERNEL_THREADS takes a whole number of threads; anything else fails the device with
+// the value named, instead of (as atoi would) a silent 0 or tens of thousands of threads.
+TEST(KernelThreads, ABadEnvironmentCountFailsTheDevice) {
+  const char* saved = std::getenv("RETRACE_KERNEL_THREADS");
+  const std::string restore = saved != nullptr ? saved : "";
+  for (const char* bad : {"abc", "0", "-2", "3x", " 2", "99999", "", "2147483648"}) {
+    ::setenv("RETRACE_KERNEL_THREADS", bad, 1);
+    EXPECT_RETRACE_ERROR(
+        (void)open_cpu_device(), invalid_argument,
+        fmt::format("cpu:0: RETRACE_KERNEL_THREADS='{}' is not a thread count", bad));
+  }
+  ::setenv("RETRACE_KERNEL_THREADS", "3", 1);
+  std::string error;
+  EXPECT_EQ(kernel_threads_from_environment(&error), 3);
+  EXPECT_TRUE(error.empty());
+  EXPECT_NO_THROW((void)open_cpu_device());
+  ::unsetenv("RETRACE_KERNEL_THREADS");
+  EXPECT_EQ(kernel_threads_from_environment(&error), std::nullopt);
+  EXPECT_TRUE(error.empty());
+  if (saved != nullptr) ::setenv("RETRACE_KERNEL_THREADS", restore.c_str(), 1);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // starts from. Memory is an anonymous mapping; each queue is a CpuQueue (a worker thread or the
 // calling thread); a trace is a Program of plain {kernel, parameters} commands.
 #include "cpu/isa.hpp"
+#include "cpu/parallel.hpp"
 #include "cpu/queue.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/cpu.hpp"
@@ -151,13 +152,14 @@ class CpuBackend final : public Backend {
     report_errors(queue);
   }
 
-  std::shared_ptr<detail::EventState> record_event(QueueId queue) override {
+  std::shared_ptr<retrace::detail::EventState> record_event(QueueId queue) override {
     auto event = std::make_shared<CpuEventState>();
     queue_at(queue).signal(event);
     return event;
   }
 
-  void wait_event(QueueId queue, std::shared_ptr<const detail::EventState> event) override {
+  void wait_event(QueueId queue,
+                  std::shared_ptr<const retrace::detail::EventState> event) override {
     RETRACE_CHECK(dynamic_cast<const CpuEventState*>(event.get()) != nullptr, invalid_argument,
                   "wait_event: the event was not recorded by a CPU device");
     queue_at(queue).wait(std::move(event));
@@ -242,6 +244,9 @@ std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options) {
                        options.num_queues, options.guard_bytes,  options.kernel_threads};
   RETRACE_CHECK(options.num_queues >= 1 && options.num_queues <= 64, invalid_argument,
                 "cpu:{}: num_queues must be in [1, 64], got {}", options.id, options.num_queues);
+  std::string threads_error;
+  (void)cpu::kernel_threads_from_environment(&threads_error);
+  RETRACE_CHECK(threads_error.empty(), invalid_argument, "cpu:{}: {}", options.id, threads_error);
   return make_device(std::make_unique<cpu::CpuBackend>(options), common);
 }
 

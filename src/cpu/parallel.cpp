@@ -2,8 +2,11 @@
 
 #include "util/cpus.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -27,10 +30,10 @@ std::atomic<int> thread_limit{1 << 20};
 class KernelPool {
  public:
   KernelPool() {
-    // One per CPU this process may use (its affinity mask), not per CPU of the host.
-    int threads = static_cast<int>(util::usable_cpus());
-    if (const char* env = std::getenv("RETRACE_KERNEL_THREADS")) threads = std::atoi(env);
-    threads_ = std::max(1, threads);
+    // One per CPU this process may use (its affinity mask), not per CPU of the host, unless
+    // RETRACE_KERNEL_THREADS says (a value it cannot take is refused when a device opens).
+    const std::optional<int> requested = kernel_threads_from_environment(nullptr);
+    threads_ = requested ? *requested : static_cast<int>(util::usable_cpus());
     for (int i = 1; i < threads_; ++i) helpers_.emplace_back([this, i] { run(i); });
   }
   ~KernelPool() {
@@ -123,6 +126,25 @@ KernelPool& pool() {
 }
 
 }  // namespace
+
+std::optional<int> kernel_threads_from_environment(std::string* error) {
+  const char* env = std::getenv("RETRACE_KERNEL_THREADS");
+  if (env == nullptr) return std::nullopt;
+  const std::string_view text(env);
+  int value = 0;
+  const auto [end, code] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (code == std::errc() && end == text.data() + text.size() && value >= 1 &&
+      value <= kMaxKernelThreads) {
+    return value;
+  }
+  if (error != nullptr) {
+    *error = fmt::format(
+        "RETRACE_KERNEL_THREADS='{}' is not a thread count (a whole number "
+        "from 1 to {}; unset it for one thread per usable CPU)",
+        text, kMaxKernelThreads);
+  }
+  return std::nullopt;
+}
 
 int kernel_threads() noexcept { return std::min(pool().threads(), thread_limit.load()); }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <type_traits>
 
 namespace retrace::cpu {
@@ -28,6 +30,11 @@ void parallel_for(std::int64_t n, std::int64_t min_chunk, Body&& body) {
 
 // Threads parallel_for uses (the calling thread included).
 [[nodiscard]] int kernel_threads() noexcept;
+// The most kernel threads RETRACE_KERNEL_THREADS may ask for.
+inline constexpr int kMaxKernelThreads = 4096;
+// RETRACE_KERNEL_THREADS when set to a count the pool can take; otherwise nullopt, and with
+// `error`, why a set value is refused (empty when unset).
+[[nodiscard]] std::optional<int> kernel_threads_from_environment(std::string* error);
 // While a KernelThreadCap scope is alive on a thread, the kernels it runs use at most `threads`
 // kernel threads, that thread included (0: no cap). A CPU device runs its queues' work inside
 // one with its kernel_threads option. With a cap of 1 (serial_kernels()) parallel_for runs

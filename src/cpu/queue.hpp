@@ -30,7 +30,7 @@
 
 namespace retrace::cpu {
 
-class CpuEventState final : public detail::EventState {
+class CpuEventState final : public retrace::detail::EventState {
  public:
   [[nodiscard]] bool is_complete() const override { return done_.load() != 0; }
   void wait() const override;
@@ -54,7 +54,7 @@ class CpuQueue {
   std::uint64_t submit(std::shared_ptr<const Program> program, Blocking blocking,
                        std::uint64_t* command_ns = nullptr);
   void signal(std::shared_ptr<CpuEventState> event);
-  void wait(std::shared_ptr<const detail::EventState> event);
+  void wait(std::shared_ptr<const retrace::detail::EventState> event);
   void wait_idle();
   void wait_for(std::uint64_t seq) const;
   // The sticky error, cleared as it is returned.
@@ -69,7 +69,7 @@ class CpuQueue {
     Kind kind;
     std::uint64_t seq;
     std::shared_ptr<const Program> program;
-    std::shared_ptr<const detail::EventState> event;
+    std::shared_ptr<const retrace::detail::EventState> event;
     std::uint64_t* command_ns = nullptr;  // programs: time each command into this
   };
   enum class WorkerState : std::uint8_t { busy, spinning, sleeping };
