@@ -55,9 +55,8 @@ void init(int* argc = nullptr, char*** argv = nullptr);
 // Opens a mesh with one member per rank of MPI_COMM_WORLD, in rank order: rank r opens
 // `backend`:<first_id + r> (member_options, the backend's defaults if absent: the kernel
 // threads are then the host's CPUs shared among its ranks, and at most the CPUs the rank is
-// bound to). `shape` is {ranks} (the default,
-// empty) or {rows, cols} with rows * cols ranks. Every rank calls it; if one rank cannot open
-// its member, every rank fails.
+// bound to). `shape` is {ranks} (the default, empty) or {rows, cols} with rows * cols ranks.
+// Every rank calls it; if one rank cannot open its member, every rank fails.
 [[nodiscard]] std::unique_ptr<MeshDevice> open_mesh(
     std::string_view backend, std::vector<std::size_t> shape = {},
     std::optional<DeviceOptions> member_options = std::nullopt, MeshOptions options = {},

@@ -50,8 +50,8 @@ bool finalized() {
 
 // Waits for a request, polling (so that a rank that never arrives can be given up on): spins
 // first, then yields, then sleeps, a little longer each time up to half a millisecond (a rank
-// waiting long for a peer that computes on the same host, as while rank 0 runs the demo's
-// reference, would otherwise wake 50,000 times a second and slow that peer down by a fifth).
+// that waits long for a peer computing on the same host, as while rank 0 runs the demo's
+// reference, would otherwise wake 50,000 times a second, taking CPU time from that peer).
 // False at the deadline or once `stop` is set (the request stays pending).
 bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view call,
               const std::atomic<bool>* stop = nullptr) {
