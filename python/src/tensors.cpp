@@ -579,16 +579,20 @@ void bind_tensors(nb::module_& m) {
   m.def(
       "open_device",
       [](std::string_view spec, std::optional<std::size_t> memory,
-         std::optional<std::uint32_t> queues) {
+         std::optional<std::uint32_t> queues, std::optional<std::uint32_t> kernel_threads) {
         DeviceOptions options = default_device_options(spec);
         if (memory) options.memory_bytes = *memory;
         if (queues) options.num_queues = *queues;
+        if (kernel_threads) options.kernel_threads = *kernel_threads;
         auto device = open_device(spec, options);
         return new PyDevice(std::move(device));
       },
       nb::arg("spec") = "cpu", nb::kw_only(), nb::arg("memory") = nb::none(),
-      nb::arg("queues") = nb::none(), nb::rv_policy::take_ownership,
-      "Opens a device: \"cpu\", \"cpu:1\", \"cuda:0\" ... `memory` in bytes.");
+      nb::arg("queues") = nb::none(), nb::arg("kernel_threads") = nb::none(),
+      nb::rv_policy::take_ownership,
+      "Opens a device: \"cpu\", \"cpu:1\", \"cuda:0\" ... `memory` in bytes. `kernel_threads`: "
+      "0 (the default) splits a CPU device's kernels over the process's kernel threads (one per "
+      "usable CPU), 1 keeps them on the queue's thread, n > 1 uses at most n.");
   m.def("available_backends", [] {
     nb::list out;
     for (const auto& b : available_backends()) {

@@ -170,6 +170,24 @@ def test_device_memory_option():
     d.close()
 
 
+def test_device_kernel_threads_option():
+    x = np.arange(300 * 200, dtype=np.float32).reshape(300, 200) / 1e4
+    results = []
+    for threads, says in [(1, "each on its queue's thread"),
+                          (2, "kernels split over at most 2 threads"), (None, None)]:
+        d = retrace.open_device("cpu:5", kernel_threads=threads)
+        if says is not None:
+            assert says in d.description()
+        t = retrace.from_numpy(x, device=d)
+        results.append(ops.softmax(ops.mul(t, 3.0), dim=1).numpy())
+        d.close()
+    # Row-wise and elementwise kernels give the same bits however they are split.
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[1], results[2])
+    with pytest.raises(TypeError):
+        retrace.open_device("cpu", kernel_threads=-1)
+
+
 def test_int64_on_request(device):
     big = np.array([2**53 + 1, -(2**63), 2**63 - 1], dtype=np.int64)
     t = retrace.from_numpy(big, device=device, dtype=retrace.int64)
