@@ -2,7 +2,7 @@
 # Both install missing Debian packages first (scripts/setup.sh) and build what they need.
 JOBS ?= $(shell nproc)
 
-.PHONY: all setup build demo test test-release test-python python demo-python test-asan test-tsan bench clean
+.PHONY: all setup build cli demo test test-release test-python python demo-python test-asan test-tsan bench clean
 
 all: build
 
@@ -13,7 +13,12 @@ build: setup
 	cmake --preset default
 	cmake --build --preset default -j $(JOBS)
 
-demo: build
+# The demo needs the CLI and the libraries it links, not the test suite.
+cli: setup
+	cmake --preset default
+	cmake --build --preset default -j $(JOBS) --target retrace_cli
+
+demo: cli
 	./build/bin/retrace demo
 
 test: test-release test-python test-asan test-tsan

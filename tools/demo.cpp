@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <random>
 
@@ -77,6 +78,17 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   // Bitwise: a NaN (say, from weights holding one) equals itself here, as it should.
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+std::string docs_page(const std::string& page) {
+  namespace fs = std::filesystem;
+  const std::string file = page.substr(0, page.find('#'));
+  std::error_code error;
+  const fs::path docs(RETRACE_DOCS_DIR);
+  if (!fs::exists(docs / file, error)) return "docs/" + page + " in retrace's sources";
+  const fs::path relative = fs::relative(docs, fs::current_path(error), error);
+  const fs::path shown = error || relative.empty() ? docs : relative;
+  return (shown / page).string();
 }
 
 void print_demo_header(const ModelOptions& o, const DemoOptions& d, const models::DiTConfig& c,
@@ -226,6 +238,7 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
     all_identical = all_identical && r.identical;
   }
   std::printf("  live traces: %zu (one per resolution)\n", step.live_traces(sampler));
+  std::printf("what these lines mean: %s\n", docs_page("cli.md#retrace-demo").c_str());
   if (!all_identical) {
     std::fprintf(stderr,
                  "retrace demo: traced and eager results differ; this is a bug, please "

@@ -80,4 +80,9 @@ std::vector<std::int64_t> demo_sizes(const models::DiT& model);
 // retrace demo --mesh N.
 int run_demo_mesh(ModelOptions& o, const DemoOptions& d);
 
+// The documentation page `page` ("cli.md#retrace-demo"): a path relative to the working
+// directory when the build's source tree is at hand (as after `make demo`), else where it lies
+// in retrace's sources.
+std::string docs_page(const std::string& page);
+
 }  // namespace retrace::cli

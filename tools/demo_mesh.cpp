@@ -253,6 +253,7 @@ int run_demo_mesh(ModelOptions& o, const DemoOptions& d) {
                 key.c_str(), r.one_ms, r.eager_ms, r.traced_ms, r.one_ms / r.traced_ms,
                 r.identical ? "identical" : "DIFFERENT");
   }
+  std::printf("what these lines mean: %s\n", docs_page("mesh.md#the-dit-split-over-a-mesh").c_str());
   if (!ok) {
     std::fprintf(stderr,
                  "retrace demo: on the mesh, traced and eager results (or the members' copies) "

@@ -1,6 +1,7 @@
 // retrace inspect: capture one sampler step of the DiT and print its trace — commands
 // by op, memory, input slots — and optionally a Graphviz graph of it (--dot FILE): one node per
 // command, an edge from the last earlier command that used one of its buffers.
+#include "demo_common.hpp"
 #include "model_options.hpp"
 
 #include <nlohmann/json.hpp>
@@ -178,6 +179,7 @@ int run_inspect(ModelOptions& o, const InspectOptions& inspect) {
   if (inspect.profile) {
     print_profile(device->profile_trace(trace, kDefaultQueue, inspect.replays), inspect.trace_json);
   }
+  std::printf("what these lines mean: %s\n", docs_page("cli.md#retrace-inspect").c_str());
   return 0;
 }
 

@@ -5,12 +5,17 @@
 // Exit status: 0 success; 1 a check failed (traced != eager, a peer disagreed); 2 a usage
 // error or an error raised while running (one line on stderr, "retrace: ..."); 3 the device
 // asked for cannot be used on this machine.
+#include "demo_common.hpp"
 #include "dit_bench.hpp"
 #include "model_options.hpp"
+
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 namespace retrace::cli {
 int run_demo(ModelOptions& options, const DemoOptions& demo);
@@ -24,6 +29,27 @@ constexpr int kUsageError = 2;
 int fail(const std::string& message, int status = kUsageError) {
   std::fprintf(stderr, "retrace: %s\n", message.c_str());
   return status;
+}
+
+// retrace --version: the version, what this build has, and where the docs are.
+std::string version_text() {
+  std::string text = fmt::format("retrace {}\n", retrace::version());
+  for (const retrace::BackendStatus& backend : retrace::available_backends()) {
+    text += fmt::format("  backend {}: {}\n", backend.name,
+                        backend.available ? "available" : "unavailable (" + backend.reason + ")");
+  }
+  std::vector<std::string> variants;
+  for (const retrace::CpuKernelIsa& isa : retrace::cpu_kernel_isas()) {
+    variants.push_back(isa.unusable.empty() ? isa.name : isa.name + " (not on this CPU)");
+  }
+  text += fmt::format("  CPU kernel variants: {}\n", fmt::join(variants, ", "));
+#ifdef RETRACE_HAVE_MPI
+  text += "  meshes across processes: MPI\n";
+#else
+  text += "  meshes across processes: not built (no MPI library was found)\n";
+#endif
+  text += fmt::format("  documentation: {}", retrace::cli::docs_page("README.md"));
+  return text;
 }
 
 // An unknown first word is named (CLI11 alone would only say a subcommand is required).
@@ -41,6 +67,7 @@ int main(int argc, char** argv) {
   try {
     CLI::App app{"retrace: capture device work once, replay it safely"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", version_text, "print the version and what this build has");
     retrace::cli::ModelOptions demo_options, inspect_options;
     inspect_options.config.depth = 2;
     retrace::cli::InspectOptions inspect_extra;

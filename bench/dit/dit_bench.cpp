@@ -20,7 +20,6 @@
 #include "cpu/parallel.hpp"
 #include "util/timing.hpp"
 
-#include <cblas.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

@@ -3,7 +3,6 @@
 #include "floor_dit.hpp"
 
 #include "cpu/elementwise.hpp"
-#include "cpu/gemm.hpp"
 
 #include <cmath>
 #include <map>
@@ -18,7 +17,7 @@ float silu(float x) { return x / (1.0f + cpu::vector_exp(-x)); }
 
 class FloorDiT final : public FloorStep {
  public:
-  explicit FloorDiT(const models::DiT& model);
+  FloorDiT(const models::DiT& model, Sgemm sgemm);
   void step(float* x, const float* t_frequencies, std::int64_t label, float a,
             float b) override;
 
@@ -29,6 +28,13 @@ class FloorDiT final : public FloorStep {
   void modulated_norm(const float* x, const float* shift, const float* scale, float* y) const;
   void attention(const float* qkv, float* out);
 
+  // C = alpha op(A) op(B) + beta C through the variant's sgemm, its automatic choice.
+  void gemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) const {
+    sgemm_(false, trans_b, m, n, k, alpha, a, b, beta, c, cpu::GemmLibrary::automatic, nullptr);
+  }
+
+  Sgemm sgemm_;
   models::DiTConfig config_;
   std::int64_t tokens_;
   std::map<std::string, std::vector<float>> weights_;
@@ -36,8 +42,8 @@ class FloorDiT final : public FloorStep {
   std::vector<float> q_, k_, vh_, scores_, head_out_;
 };
 
-FloorDiT::FloorDiT(const models::DiT& model)
-    : config_(model.config()), tokens_(model.config().tokens()) {
+FloorDiT::FloorDiT(const models::DiT& model, Sgemm sgemm)
+    : sgemm_(sgemm), config_(model.config()), tokens_(model.config().tokens()) {
   const std::int64_t h = config_.hidden, t = tokens_, p = config_.patch_size;
   for (const auto& [name, shape] : models::DiT::weight_shapes(config_)) {
     weights_[name] = model.weight(name).to_vector<float>();
@@ -68,7 +74,7 @@ void FloorDiT::linear(const float* x, std::int64_t rows, const std::string& pref
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < out; ++j) y[r * out + j] = bias[j];
   }
-  cpu::sgemm(false, true, rows, out, in, 1.0f, x, w(prefix + ".weight").data(), 1.0f, y);
+  gemm(true, rows, out, in, 1.0f, x, w(prefix + ".weight").data(), 1.0f, y);
 }
 
 void FloorDiT::modulated_norm(const float* x, const float* shift, const float* scale,
@@ -98,9 +104,9 @@ void FloorDiT::attention(const float* qkv, float* out) {
         vh_[i * d + e] = qkv[i * 3 * h + 2 * h + head * d + e];
       }
     }
-    cpu::sgemm(false, true, t, t, d, scale, q_.data(), k_.data(), 0.0f, scores_.data());
+    gemm(true, t, t, d, scale, q_.data(), k_.data(), 0.0f, scores_.data());
     for (std::int64_t i = 0; i < t; ++i) cpu::softmax_row(&scores_[i * t], &scores_[i * t], t);
-    cpu::sgemm(false, false, t, d, t, 1.0f, scores_.data(), vh_.data(), 0.0f, head_out_.data());
+    gemm(false, t, d, t, 1.0f, scores_.data(), vh_.data(), 0.0f, head_out_.data());
     for (std::int64_t i = 0; i < t; ++i) {
       for (std::int64_t e = 0; e < d; ++e) out[i * h + head * d + e] = head_out_[i * d + e];
     }
@@ -172,8 +178,8 @@ void FloorDiT::step(float* x, const float* t_frequencies, std::int64_t label, fl
   }
 }
 
-std::unique_ptr<FloorStep> make(const models::DiT& model) {
-  return std::make_unique<FloorDiT>(model);
+std::unique_ptr<FloorStep> make(const models::DiT& model, Sgemm sgemm) {
+  return std::make_unique<FloorDiT>(model, sgemm);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // The floor of the benchmark: one DiT sampler step written directly against the kernel library
-// (sgemm through Eigen/OpenBLAS, the CPU device's vectorised loops) on preallocated float32
-// buffers: no ops, no device, no allocation. The best a replay could do. Built once per CPU
-// kernel variant, like the device's kernels, so each is compared with the same instruction set.
+// (sgemm through Eigen/OpenBLAS/oneDNN, the CPU device's vectorised loops) on preallocated
+// float32 buffers: no ops, no device, no allocation. The best a replay could do. Built once per
+// CPU kernel variant, like the device's kernels, so each is compared with the same instruction
+// set; its products call that variant's own sgemm (the one the device's kernels call).
 #pragma once
+
+#include "cpu/variant.hpp"
 
 #include <retrace/models/dit.hpp>
 
@@ -23,7 +26,9 @@ class FloorStep {
                     float b) = 0;
 };
 
-using MakeFloor = std::unique_ptr<FloorStep> (*)(const models::DiT& model);
+// The variant's sgemm (cpu::KernelVariant::sgemm).
+using Sgemm = decltype(cpu::KernelVariant::sgemm);
+using MakeFloor = std::unique_ptr<FloorStep> (*)(const models::DiT& model, Sgemm sgemm);
 
 // The floor for the CPU kernel variant `isa` ("avx2", as retrace::cpu_kernel_isa names it):
 // copies the model's weights (float32) and allocates every buffer for the configured size.

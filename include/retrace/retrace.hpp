@@ -19,3 +19,4 @@
 #include "retrace/tracer.hpp"
 #include "retrace/tree.hpp"
 #include "retrace/types.hpp"
+#include "retrace/version.hpp"

@@ -69,6 +69,10 @@ Tensor empty_like(const Tensor& a, const Shape& shape, std::string_view op);
 // The Shape of an op's result whose extents the caller chose: the limits Shape enforces (rank,
 // element count) checked first, so the error names the op.
 Shape result_shape(const std::vector<std::int64_t>& dims, std::string_view op);
+// The Shape of dims an op has already checked (Shape still enforces its limits).
+inline Shape shape_of(const std::vector<std::int64_t>& dims) {
+  return Shape(std::span<const std::int64_t>(dims));
+}
 
 // The first element of a tensor that a kernel reads or writes densely (row-major, no gaps):
 // throws unimplemented for a strided view, which such kernels get through dense() first.

@@ -20,10 +20,6 @@ using namespace detail;
 
 namespace {
 
-Shape make_shape(const std::vector<std::int64_t>& dims) {
-  return Shape(std::span<const std::int64_t>(dims));
-}
-
 void check_image_dtype(const Tensor& t, std::string_view op, std::string_view argument) {
   check_dtype_in(t, op, argument, kFloatTypes);
 }
@@ -56,7 +52,7 @@ Tensor pad(const Tensor& a, std::span<const std::int64_t> pads, double value, Qu
     before[d] = lo;
     dims[d] += lo + hi;
   }
-  const Shape shape = make_shape(dims);
+  const Shape shape = shape_of(dims);
   RETRACE_CHECK(shape.numel() >= 0, invalid_argument, "pad: the padded shape overflows");
   Tensor out = full(shape, value, device, a.dtype(), Layout::row_major, queue);
   const std::vector<std::int64_t> out_strides = contiguous_strides(shape);
@@ -173,7 +169,7 @@ Tensor resize_nearest(const Tensor& a_in, int dim, const AxisMap& m, const char*
   }
   std::vector<std::int64_t> out_dims(dims.begin(), dims.end());
   out_dims[d] = m.out;
-  Tensor out = empty_like(a, make_shape(out_dims), op);
+  Tensor out = empty_like(a, shape_of(out_dims), op);
   const std::vector<std::int64_t> dst_strides = contiguous_strides(shape);
   strided_copy(op, a, 0, shape, src_strides, out, 0, dst_strides, queue);
   return out;

@@ -25,10 +25,6 @@ void check_row_major(const Tensor& a, std::string_view op) {
                 a.layout());
 }
 
-Shape make_shape(const std::vector<std::int64_t>& dims) {
-  return Shape(std::span<const std::int64_t>(dims));
-}
-
 // For expand and repeat, which take one value per dimension of a row-major device tensor,
 // extra values in front adding dimensions: how many dimensions `given` values add.
 std::size_t new_leading_dims(const Tensor& a, std::size_t given, std::string_view values,
@@ -142,7 +138,7 @@ Tensor reshape(const Tensor& a, std::span<const std::int64_t> shape) {
                   a.numel(), known);
     dims[static_cast<std::size_t>(inferred)] = a.numel() / known;
   }
-  const Shape target = make_shape(dims);
+  const Shape target = shape_of(dims);
   RETRACE_CHECK(target.numel() == a.numel(), invalid_argument,
                 "reshape: shape {} ({} elements) does not match the tensor's shape {} ({} "
                 "elements)",
@@ -175,7 +171,7 @@ Tensor permute(const Tensor& a, std::span<const std::int64_t> dims, QueueId /*qu
     shape[i] = a.shape().dims()[d];
     strides[i] = a.strides()[d];
   }
-  return a.as_strided(make_shape(shape), strides, a.storage_offset());
+  return a.as_strided(shape_of(shape), strides, a.storage_offset());
 }
 
 Tensor permute(const Tensor& a, std::initializer_list<std::int64_t> dims, QueueId queue) {
@@ -210,7 +206,7 @@ Tensor slice(const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t
   const std::int64_t offset = a.storage_offset() + from * strides[d];
   // A step past the extent (one element taken) keeps the stride in range.
   if (shape[d] > 1) strides[d] *= step;
-  return a.as_strided(make_shape(shape), strides, offset);
+  return a.as_strided(shape_of(shape), strides, offset);
 }
 
 std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes, std::int64_t dim,
@@ -257,7 +253,7 @@ Tensor concat(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) 
     check_matches_except(first, t, d, op, name);
     shape[d] += t.shape().dims()[d];
   }
-  Tensor out = empty_like(first, make_shape(shape), op);
+  Tensor out = empty_like(first, shape_of(shape), op);
   const std::vector<std::int64_t> out_strides = contiguous_strides(out.shape());
   std::int64_t at = 0;
   for (const Tensor& t : tensors) {
@@ -294,7 +290,7 @@ Tensor stack(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) {
     std::vector<std::int64_t> strides = strides_of(t);
     dims.insert(dims.begin() + static_cast<std::ptrdiff_t>(d), 1);
     strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(d), 1);  // any: extent 1
-    pieces.push_back(t.as_strided(make_shape(dims), strides, t.storage_offset()));
+    pieces.push_back(t.as_strided(shape_of(dims), strides, t.storage_offset()));
   }
   return concat(pieces, static_cast<std::int64_t>(d), queue);
 }

@@ -1,5 +1,5 @@
 # MODE=install: installs the build tree into WORK_DIR/prefix, then configures, builds and runs
-# the consumer with find_package(retrace). MODE=subdirectory: the consumer adds retrace's sources
+# the consumer's programs (the core and CPU device; the models) with find_package(retrace). MODE=subdirectory: the consumer adds retrace's sources
 # with add_subdirectory (SOURCE_DIR) and builds them itself.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
@@ -18,3 +18,4 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja
     -DCMAKE_BUILD_TYPE=Release ${configure})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+run(${WORK_DIR}/build/consumer_models)
