@@ -1,5 +1,5 @@
 // Captures a small computation on the CPU device, replays it with new inputs, and shows that
-// the replay equals eager execution. `make demo` runs this until the CLI demo exists.
+// the replay equals eager execution: a trace made by hand, without a Tracer.
 #include <retrace/retrace.hpp>
 
 #include <algorithm>

@@ -113,7 +113,7 @@ def source_of(block: Block) -> str:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading."""
-    text = re.sub(r"[`*_]|<[^>]+>", "", heading.strip().lower())
+    text = re.sub(r"[`*]|<[^>]+>", "", heading.strip().lower())
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
@@ -194,9 +194,14 @@ def fix() -> None:
     for page in pages():
         text = page.read_text()
         for block in reversed(code_blocks(page)):
-            if block.marker is not None:
-                start, end = block.span
-                text = text[:start] + source_of(block) + text[end:]
+            if block.marker is None:
+                continue
+            try:
+                source = source_of(block)
+            except ValueError:
+                continue  # check() reports it
+            start, end = block.span
+            text = text[:start] + source + text[end:]
         if text != page.read_text():
             page.write_text(text)
             print(f"{page.relative_to(ROOT)}: code blocks updated")
