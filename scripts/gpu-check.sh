@@ -9,7 +9,7 @@
 #   tests.txt        the test programs' output;   tests-*.json  GoogleTest's JSON reports
 #   demo.txt         the demo's output
 #   bench_cuda.json  the benchmark's figures;     bench.txt     its table
-#   example.txt      the README's CUDA example's output
+#   example.txt      the CUDA example's output (examples/readme_cuda.cpp, shown in docs/cuda.md)
 #   memcheck.txt, racecheck.txt, synccheck.txt   compute-sanitizer's logs
 #   ncu.txt          with RETRACE_GPU_PROFILE=1: Nsight Compute's per-kernel GPU times of a step
 #   summary.txt      one line per stage, PASS or FAIL

@@ -15,7 +15,8 @@
     y = step(x, 0.5, device=device, traced=True)   # replays (the same output object)
 
 Replay runs entirely in C++: the inputs are checked and copied into the trace's input slots,
-the trace runs, and the same output objects come back. See the README for the contract.
+the trace runs, and the same output objects come back. docs/python.md is the manual and
+docs/contract.md the rules.
 """
 
 from ._core import (  # noqa: F401

@@ -3,7 +3,7 @@
 //
 // The choice, per device: CpuDeviceOptions::kernel_isa when set, else the environment variable
 // RETRACE_CPU_ISA, else automatic: the widest variant the CPU runs, except where measurement
-// says otherwise (the table in isa.cpp, documented in the README).
+// says otherwise (the table in isa.cpp, documented in docs/devices.md).
 #pragma once
 
 #include "cpu/variant.hpp"
