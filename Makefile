@@ -63,10 +63,12 @@ test-tsan: setup
 	cmake --build --preset tsan -j $(JOBS) --target retrace_threads_tests
 	ctest --preset tsan -j $(JOBS)
 
+# `make bench LOAD=2` also measures every cell beside 2 busy processes (retrace bench --load).
+LOAD ?= 0
 bench:
 	@scripts/setup.sh --bench
 	$(MAKE) build
-	./build/bin/retrace bench --json build/bench.json --plot build/bench.png
+	./build/bin/retrace bench --load $(LOAD) --json build/bench.json --plot build/bench.png
 	@# The peers (ONNX Runtime, torch.compile) on the same steps and weights, added to bench.json.
 	./build/bin/retrace bench --export-steps build/peers
 	@if scripts/peers-env.sh; then \

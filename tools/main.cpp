@@ -108,22 +108,18 @@ int main(int argc, char** argv) {
     inspect->add_option("--trace-json", inspect_extra.trace_json,
                         "with --profile: write a Chrome/Perfetto trace of one replay (open it in "
                         "ui.perfetto.dev or chrome://tracing)");
-    std::string json_path, plot_path;
-    std::vector<std::string> sizes{"S", "M", "L"};
-    std::vector<std::string> isas;
+    retrace::bench::BenchOptions bench_options;
     int libtorch_peer = 0;
     std::string export_steps;
-    int repeats = 5;
-    std::int64_t steps = 3;
     CLI::App* bench = app.add_subcommand(
         "bench",
         "one denoising step: eager vs traced vs the kernel-library floor, 1 and 2 threads");
-    bench->add_option("--json", json_path, "write the results as JSON");
-    bench->add_option("--plot", plot_path, "write a PNG chart (needs gnuplot)");
-    bench->add_option("--sizes", sizes, "sizes to run: S, M, L")
+    bench->add_option("--json", bench_options.json_path, "write the results as JSON");
+    bench->add_option("--plot", bench_options.plot_path, "write a PNG chart (needs gnuplot)");
+    bench->add_option("--sizes", bench_options.sizes, "sizes to run: S, M, L")
         ->delimiter(',')
         ->check(CLI::IsMember({"S", "M", "L"}));
-    bench->add_option("--isa", isas,
+    bench->add_option("--isa", bench_options.isas,
                       "CPU kernel variants to measure: names (x86-64, avx2, avx512) or all; "
                       "default: the one a device picks")
         ->delimiter(',');
@@ -134,10 +130,14 @@ int main(int argc, char** argv) {
     bench->add_option("--export-steps", export_steps,
                       "write each size's weights, step inputs and retrace's result to "
                       "DIR/dit_step_<size>.safetensors (for bench/python/peers.py) and stop");
-    bench->add_option("--repeats", repeats, "rounds per mode")
+    bench->add_option("--repeats", bench_options.repeats, "rounds per mode")
         ->check(retrace::cli::whole_number(1, 10000));
-    bench->add_option("--steps", steps, "steps per round")
+    bench->add_option("--steps", bench_options.steps, "steps per round")
         ->check(retrace::cli::whole_number(1, 10000));
+    bench->add_option("--load", bench_options.load,
+                      "also measure every cell with N busy processes spinning on this process' "
+                      "CPUs (started and stopped by the bench), and report loaded / unloaded")
+        ->check(retrace::cli::whole_number(0, 1024));
 
     if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
       return fail(fmt::format("unknown command '{}' (commands: demo, inspect, bench; see "
@@ -157,12 +157,14 @@ int main(int argc, char** argv) {
     }
     if (*demo) return retrace::cli::run_demo(demo_options, demo_extra);
     if (*bench && libtorch_peer > 0) {
-      return retrace::bench::run_libtorch_peer(sizes.at(0), libtorch_peer, repeats, steps);
+      return retrace::bench::run_libtorch_peer(bench_options.sizes.at(0), libtorch_peer,
+                                               bench_options.repeats, bench_options.steps);
     }
     if (*bench && !export_steps.empty()) {
-      return retrace::bench::export_dit_steps(export_steps, sizes, steps);
+      return retrace::bench::export_dit_steps(export_steps, bench_options.sizes,
+                                              bench_options.steps);
     }
-    if (*bench) return retrace::bench::run_dit_bench(json_path, plot_path, sizes, isas, repeats, steps);
+    if (*bench) return retrace::bench::run_dit_bench(bench_options);
     return retrace::cli::run_inspect(inspect_options, inspect_extra);
   } catch (const retrace::cli::DeviceUnavailable& e) {
     return fail(e.what(), 3);

@@ -8,8 +8,9 @@
 // for a few consecutive steps at a time (see measure); libtorch runs in a child process of its
 // own per size and thread count (see measure_libtorch). Medians and ratios go to JSON, and a
 // gnuplot chart when gnuplot is installed.
-#include "floor_dit.hpp"
 #include "dit_bench.hpp"
+#include "floor_dit.hpp"
+#include "load.hpp"
 
 #include <retrace/models/dit.hpp>
 #include <retrace/models/safetensors.hpp>
@@ -40,6 +41,10 @@ namespace {
 
 using timing::Clock;
 using timing::median;
+using timing::percentile;
+
+// How long a competitor of --load may spin at most (it is killed as soon as its round ends).
+constexpr std::chrono::seconds kLoadLimit{600};
 
 template <class F>
 double time_ms(F&& f) {
@@ -48,12 +53,21 @@ double time_ms(F&& f) {
   return timing::milliseconds_since(t0);
 }
 
+// One mode's step times: unloaded, and under --load.
+struct ModeTimes {
+  std::vector<double> unloaded, loaded;
+};
+
 struct Row {
   std::string size;
-  int threads;
+  int threads = 1;
   std::string isa;  // the device's kernel variant
-  double eager_ms, traced_ms, floor_ms, floor_max_rel_diff;
+  double eager_ms = 0, traced_ms = 0, floor_ms = 0, floor_max_rel_diff = 0;
+  double traced_p95_ms = 0;
   std::optional<double> libtorch_ms, libtorch_rel_error;
+  // Under --load: medians, and the traced step's 95th percentile.
+  std::optional<double> eager_loaded_ms, traced_loaded_ms, floor_loaded_ms, traced_loaded_p95_ms;
+  std::optional<double> libtorch_loaded_ms;
 };
 
 // max |got - want| / max |want|.
@@ -129,7 +143,21 @@ const models::NamedDiTConfig& find_size(const std::string& name) {
 // reads OMP_WAIT_POLICY once, when it is loaded, so only a new process can set it; the BLAS
 // library libtorch calls is a separate copy of OpenBLAS that openblas_set_num_threads in this
 // process does not reach. Both settings are what a user tuning libtorch on such a machine sets.
-void measure_libtorch(Row& row, int repeats, std::int64_t steps) {
+std::optional<double> libtorch_step_ms(const Row& row, int repeats, std::int64_t steps,
+                                       std::optional<double>* error);
+
+void measure_libtorch(Row& row, int repeats, std::int64_t steps, int load) {
+  row.libtorch_ms = libtorch_step_ms(row, repeats, steps, &row.libtorch_rel_error);
+  if (load > 0) {
+    const Load competitors(load, kLoadLimit);
+    row.libtorch_loaded_ms = libtorch_step_ms(row, repeats, steps, nullptr);
+  }
+}
+
+// One run of the libtorch child process: its median step time, and its relative error against
+// retrace's step when `error` is given.
+std::optional<double> libtorch_step_ms(const Row& row, int repeats, std::int64_t steps,
+                                       std::optional<double>* error_out) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   const std::string command = fmt::format(
@@ -153,12 +181,12 @@ void measure_libtorch(Row& row, int repeats, std::int64_t steps) {
   }
   RETRACE_CHECK(status == 0 && ms > 0.0, device_error,
                 "bench: the libtorch process failed (status {}): {}", status, output);
-  row.libtorch_ms = ms;
-  row.libtorch_rel_error = error;
+  if (error_out != nullptr) *error_out = error;
+  return ms;
 }
 
 Row measure(const models::NamedDiTConfig& size, int threads, const std::string& isa, int repeats,
-            std::int64_t steps) {
+            std::int64_t steps, int load) {
   cpu::set_kernel_thread_limit(threads);  // GEMMs too: OpenBLAS runs single-threaded per block
   CpuDeviceOptions options;
   options.kernel_isa = isa;
@@ -199,15 +227,20 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   for (std::size_t i = 0; i < e.size(); ++i) {
     worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
   }
-  Row row{size.name, threads, cpu_kernel_isa(*device), 0, 0, 0, worst, std::nullopt,
-          std::nullopt};
+  Row row;
+  row.size = size.name;
+  row.threads = threads;
+  row.isa = cpu_kernel_isa(*device);
+  row.floor_max_rel_diff = worst;
   // Each round runs every mode for `steps` consecutive steps (one untimed step first), as a
   // sampler loop runs them and as bench/python/peers.py times ONNX Runtime and torch.compile
   // (each alone in its loop). Alternating the modes step by step instead made every step start
   // with caches full of another mode's weights and buffers: the M traced step measured 20 ms
   // that way against 17.6 ms in a loop of its own. The modes' order turns every round, so drift
   // in the machine's speed falls on each mode alike.
-  std::vector<double> eager_ms, traced_ms, floor_ms;
+  // With --load, every round then runs the modes again beside the competitors (started for the
+  // round and stopped after it), so loaded and unloaded steps alternate through the run.
+  ModeTimes eager_ms, traced_ms, floor_ms;
   const std::function<void()> modes[] = {
       [&] {
         eager_x = device_step(eager_x);
@@ -215,17 +248,32 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
       },
       [&] { tracer(std::get<0>(tracer.inputs())); },
       [&] { floor_step(floor_x.data(), in.a, in.b); }};
-  std::vector<double>* times[] = {&eager_ms, &traced_ms, &floor_ms};
-  for (int r = 0; r < repeats; ++r) {
+  ModeTimes* times[] = {&eager_ms, &traced_ms, &floor_ms};
+  auto round = [&](int r, bool loaded) {
     for (int i = 0; i < 3; ++i) {
       const int mode = (r + i) % 3;
+      std::vector<double>& into = loaded ? times[mode]->loaded : times[mode]->unloaded;
       modes[mode]();  // untimed: the caches hold this mode's data again
-      for (std::int64_t s = 0; s < steps; ++s) times[mode]->push_back(time_ms(modes[mode]));
+      for (std::int64_t s = 0; s < steps; ++s) into.push_back(time_ms(modes[mode]));
+    }
+  };
+  for (int r = 0; r < repeats; ++r) {
+    round(r, false);
+    if (load > 0) {
+      const Load competitors(load, kLoadLimit);
+      round(r, true);
     }
   }
-  row.eager_ms = median(eager_ms);
-  row.traced_ms = median(traced_ms);
-  row.floor_ms = median(floor_ms);
+  row.eager_ms = median(eager_ms.unloaded);
+  row.traced_ms = median(traced_ms.unloaded);
+  row.floor_ms = median(floor_ms.unloaded);
+  row.traced_p95_ms = percentile(traced_ms.unloaded, 0.95);
+  if (load > 0) {
+    row.eager_loaded_ms = median(eager_ms.loaded);
+    row.traced_loaded_ms = median(traced_ms.loaded);
+    row.floor_loaded_ms = median(floor_ms.loaded);
+    row.traced_loaded_p95_ms = percentile(traced_ms.loaded, 0.95);
+  }
   return row;
 }
 
@@ -298,93 +346,152 @@ std::vector<std::string> expand_isas(const std::vector<std::string>& isas) {
 
 }  // namespace
 
-int run_dit_bench(const std::string& json_path, const std::string& plot_path,
-                  const std::vector<std::string>& size_names, const std::vector<std::string>& isas,
-                  int repeats, std::int64_t steps) {
-  const std::vector<std::string> variants = expand_isas(isas);  // checked before anything runs
-  std::vector<Row> rows;
-  std::printf("retrace bench: one DiT sampler step, float32, medians of %d x %lld steps per mode\n",
-              repeats, static_cast<long long>(steps));
-  bool with_torch = false;
-  {
-    std::string why;
-    auto device = open_cpu_device();
-    models::DiT probe(
-        models::DiTConfig{.input_size = 2, .hidden = 8, .depth = 1, .heads = 2, .num_classes = 1},
-        *device);
-    with_torch = make_torch_step(probe, why) != nullptr;
-    if (!with_torch) std::printf("libtorch mode skipped: %s\n", why.c_str());
-    else {
-      std::printf("libtorch: timed in a process of its own per size and thread count, with "
-                  "OMP_WAIT_POLICY=PASSIVE and OPENBLAS_NUM_THREADS=<threads> (with libgomp's "
-                  "default policy its idle threads spin and starve OpenBLAS's threads)\n");
-    }
+namespace {
+
+// Whether libtorch's mode can run (prints why not).
+bool libtorch_available() {
+  std::string why;
+  auto device = open_cpu_device();
+  models::DiT probe(
+      models::DiTConfig{.input_size = 2, .hidden = 8, .depth = 1, .heads = 2, .num_classes = 1},
+      *device);
+  if (make_torch_step(probe, why) != nullptr) {
+    std::printf("libtorch: timed in a process of its own per size and thread count, with "
+                "OMP_WAIT_POLICY=PASSIVE and OPENBLAS_NUM_THREADS=<threads> (with libgomp's "
+                "default policy its idle threads spin and starve OpenBLAS's threads)\n");
+    return true;
   }
-  const auto [default_isa, how] = default_cpu_kernel_isa();
-  std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
-              default_isa.c_str(), how.c_str());
-  const bool multi_isa = variants.size() > 1;
-  std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
-              "eager_ms",
-              "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
-              "traced/torch");
-  for (const std::string& name : size_names) {
-    const models::NamedDiTConfig& size = find_size(name);
-    for (const std::string& isa : variants) {
-    for (int threads : {1, 2}) {
-      cpu::set_kernel_thread_limit(threads);
-      if (cpu::kernel_threads() < threads) {
-        // A process bound to fewer CPUs (taskset, a cpuset, mpirun) has fewer kernel threads.
-        std::printf("%-4s %7d %-7s skipped: this process may run on %d CPU(s) only\n",
-                    name.c_str(), threads, (isa.empty() ? default_isa : isa).c_str(),
-                    cpu::kernel_threads());
-        continue;
-      }
-      Row r = measure(size, threads, isa, repeats, steps);
-      if (with_torch) {
-        // libtorch does not depend on our kernel variant: timed once per size and threads.
-        const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
-          return other.size == r.size && other.threads == r.threads;
-        });
-        if (same == rows.end()) {
-          measure_libtorch(r, repeats, steps);
-        } else {
-          r.libtorch_ms = same->libtorch_ms;
-          r.libtorch_rel_error = same->libtorch_rel_error;
-        }
-      }
-      rows.push_back(r);
-      const std::string torch_ms = r.libtorch_ms ? fmt::format("{:.3f}", *r.libtorch_ms) : "-";
-      const std::string over_torch =
-          r.libtorch_ms ? fmt::format("{:.2f}x", r.traced_ms / *r.libtorch_ms) : "-";
-      std::printf("%-4s %7d %-7s %10.3f %10.3f %10.3f %11s %12.2fx %12.2fx %13s\n",
-                  r.size.c_str(), r.threads, r.isa.c_str(), r.eager_ms, r.traced_ms, r.floor_ms, torch_ms.c_str(),
-                  r.eager_ms / r.traced_ms, r.traced_ms / r.floor_ms, over_torch.c_str());
-    }
-    }
+  std::printf("libtorch mode skipped: %s\n", why.c_str());
+  return false;
+}
+
+void print_row(const Row& r) {
+  const std::string torch_ms = r.libtorch_ms ? fmt::format("{:.3f}", *r.libtorch_ms) : "-";
+  const std::string over_torch =
+      r.libtorch_ms ? fmt::format("{:.2f}x", r.traced_ms / *r.libtorch_ms) : "-";
+  std::printf("%-4s %7d %-7s %10.3f %10.3f %10.3f %11s %12.2fx %12.2fx %13s\n", r.size.c_str(),
+              r.threads, r.isa.c_str(), r.eager_ms, r.traced_ms, r.floor_ms, torch_ms.c_str(),
+              r.eager_ms / r.traced_ms, r.traced_ms / r.floor_ms, over_torch.c_str());
+}
+
+// "2.31x" of loaded over unloaded, "-" without a loaded figure.
+std::string ratio(const std::optional<double>& loaded, const std::optional<double>& unloaded) {
+  return loaded && unloaded ? fmt::format("{:.2f}x", *loaded / *unloaded) : "-";
+}
+
+void print_load_table(const std::vector<Row>& rows, int load) {
+  std::printf("\nunder load: %d busy process(es) spinning on this process' CPUs; each mode's median "
+              "step loaded / unloaded (p95: the traced step's 95th percentile loaded / its "
+              "unloaded median)\n",
+              load);
+  std::printf("%-4s %7s %-7s %10s %13s %9s %9s %9s %9s %9s\n", "size", "threads", "isa",
+              "traced_ms", "traced@load", "traced", "p95", "eager", "floor", "libtorch");
+  for (const Row& r : rows) {
+    std::printf("%-4s %7d %-7s %10.3f %13.3f %9s %9s %9s %9s %9s\n", r.size.c_str(), r.threads,
+                r.isa.c_str(), r.traced_ms, r.traced_loaded_ms.value_or(0.0),
+                ratio(r.traced_loaded_ms, r.traced_ms).c_str(),
+                ratio(r.traced_loaded_p95_ms, r.traced_ms).c_str(),
+                ratio(r.eager_loaded_ms, r.eager_ms).c_str(),
+                ratio(r.floor_loaded_ms, r.floor_ms).c_str(),
+                ratio(r.libtorch_loaded_ms, r.libtorch_ms).c_str());
   }
-  cpu::set_kernel_thread_limit(1 << 20);
-  nlohmann::json out = nlohmann::json::array();
-  bool torch_mismatch = false;
+}
+
+nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
+                        const std::string& how) {
   auto optional = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
+  auto over = [&](const std::optional<double>& a, const std::optional<double>& b) {
+    return optional(a && b ? std::optional<double>(*a / *b) : std::nullopt);
+  };
+  nlohmann::json row = {
+      {"size", r.size},
+      {"threads", r.threads},
+      {"kernel_isa", r.isa},
+      {"kernel_isa_choice", r.isa == default_isa ? how : std::string("requested")},
+      {"eager_ms", r.eager_ms},
+      {"traced_ms", r.traced_ms},
+      {"traced_p95_ms", r.traced_p95_ms},
+      {"libtorch_ms", optional(r.libtorch_ms)},
+      {"floor_ms", r.floor_ms},
+      {"traced_over_floor", r.traced_ms / r.floor_ms},
+      {"traced_over_libtorch", over(r.traced_ms, r.libtorch_ms)},
+      {"eager_over_traced", r.eager_ms / r.traced_ms},
+      {"floor_relative_difference", r.floor_max_rel_diff},
+      {"libtorch_relative_error", optional(r.libtorch_rel_error)}};
+  if (load > 0) {
+    row["load"] = load;
+    row["eager_loaded_ms"] = optional(r.eager_loaded_ms);
+    row["traced_loaded_ms"] = optional(r.traced_loaded_ms);
+    row["traced_loaded_p95_ms"] = optional(r.traced_loaded_p95_ms);
+    row["floor_loaded_ms"] = optional(r.floor_loaded_ms);
+    row["libtorch_loaded_ms"] = optional(r.libtorch_loaded_ms);
+    row["traced_loaded_over_unloaded"] = over(r.traced_loaded_ms, r.traced_ms);
+    row["traced_loaded_p95_over_unloaded"] = over(r.traced_loaded_p95_ms, r.traced_ms);
+    row["eager_loaded_over_unloaded"] = over(r.eager_loaded_ms, r.eager_ms);
+    row["floor_loaded_over_unloaded"] = over(r.floor_loaded_ms, r.floor_ms);
+    row["libtorch_loaded_over_unloaded"] = over(r.libtorch_loaded_ms, r.libtorch_ms);
+  }
+  return row;
+}
+
+}  // namespace
+
+int run_dit_bench(const BenchOptions& options) {
+  const std::vector<std::string> variants = expand_isas(options.isas);  // checked first
+  const int repeats = options.repeats;
+  const std::int64_t steps = options.steps;
+  std::vector<Row> rows;
+  std::printf("retrace bench: one DiT sampler step, float32, medians of %d x %lld steps per mode%s\n",
+              repeats, static_cast<long long>(steps),
+              options.load > 0 ? fmt::format(", unloaded and beside {} busy process(es)",
+                                             options.load).c_str()
+                               : "");
+  const bool with_torch = libtorch_available();
+  const auto [default_isa, how] = default_cpu_kernel_isa();
+  std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
+              default_isa.c_str(), how.c_str());
+  std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
+              "eager_ms", "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
+              "traced/torch");
+  for (const std::string& name : options.sizes) {
+    const models::NamedDiTConfig& size = find_size(name);
+    for (const std::string& isa : variants) {
+      for (int threads : {1, 2}) {
+        cpu::set_kernel_thread_limit(threads);
+        if (cpu::kernel_threads() < threads) {
+          // A process bound to fewer CPUs (taskset, a cpuset, mpirun) has fewer kernel threads.
+          std::printf("%-4s %7d %-7s skipped: this process may run on %d CPU(s) only\n",
+                      name.c_str(), threads, (isa.empty() ? default_isa : isa).c_str(),
+                      cpu::kernel_threads());
+          continue;
+        }
+        Row r = measure(size, threads, isa, repeats, steps, options.load);
+        if (with_torch) {
+          // libtorch does not depend on our kernel variant: timed once per size and threads.
+          const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
+            return other.size == r.size && other.threads == r.threads;
+          });
+          if (same == rows.end()) {
+            measure_libtorch(r, repeats, steps, options.load);
+          } else {
+            r.libtorch_ms = same->libtorch_ms;
+            r.libtorch_rel_error = same->libtorch_rel_error;
+            r.libtorch_loaded_ms = same->libtorch_loaded_ms;
+          }
+        }
+        rows.push_back(r);
+        print_row(r);
+      }
+    }
+  }
+  cpu::set_kernel_thread_limit(1 << 20);
+  if (options.load > 0) print_load_table(rows, options.load);
+  nlohmann::json out = nlohmann::json::array();
+  bool torch_mismatch = false;
   for (const Row& r : rows) {
-    out.push_back({{"size", r.size},
-                   {"threads", r.threads},
-                   {"kernel_isa", r.isa},
-                   {"kernel_isa_choice", r.isa == default_isa ? how : std::string("requested")},
-                   {"eager_ms", r.eager_ms},
-                   {"traced_ms", r.traced_ms},
-                   {"libtorch_ms", optional(r.libtorch_ms)},
-                   {"floor_ms", r.floor_ms},
-                   {"traced_over_floor", r.traced_ms / r.floor_ms},
-                   {"traced_over_libtorch",
-                    optional(r.libtorch_ms ? std::optional<double>(r.traced_ms / *r.libtorch_ms)
-                                           : std::nullopt)},
-                   {"eager_over_traced", r.eager_ms / r.traced_ms},
-                   {"floor_relative_difference", r.floor_max_rel_diff},
-                   {"libtorch_relative_error", optional(r.libtorch_rel_error)}});
+    out.push_back(row_json(r, options.load, default_isa, how));
     if (r.libtorch_rel_error && *r.libtorch_rel_error > 1e-4) {
       std::fprintf(stderr,
                    "retrace bench: size %s, %d threads: libtorch and retrace differ by a relative "
@@ -393,11 +500,11 @@ int run_dit_bench(const std::string& json_path, const std::string& plot_path,
       torch_mismatch = true;
     }
   }
-  if (!json_path.empty()) {
-    std::ofstream(json_path) << out.dump(2) << "\n";
-    std::printf("wrote %s\n", json_path.c_str());
+  if (!options.json_path.empty()) {
+    std::ofstream(options.json_path) << out.dump(2) << "\n";
+    std::printf("wrote %s\n", options.json_path.c_str());
   }
-  if (!plot_path.empty()) write_plot(plot_path, rows, multi_isa);
+  if (!options.plot_path.empty()) write_plot(options.plot_path, rows, variants.size() > 1);
   return torch_mismatch ? 1 : 0;
 }
 

@@ -8,13 +8,22 @@
 
 namespace retrace::bench {
 
-// Prints the table; writes JSON and a gnuplot chart when paths are given. `isas` are the CPU
-// kernel variants to measure: empty for the one a device picks by default, {"all"} for every
-// variant this CPU runs. Returns the exit status (1 when a peer's output disagrees with
-// retrace's).
-int run_dit_bench(const std::string& json_path, const std::string& plot_path,
-                  const std::vector<std::string>& sizes, const std::vector<std::string>& isas,
-                  int repeats, std::int64_t steps);
+struct BenchOptions {
+  std::string json_path, plot_path;  // written when not empty
+  std::vector<std::string> sizes{"S", "M", "L"};
+  // The CPU kernel variants to measure: empty for the one a device picks by default, {"all"}
+  // for every variant this CPU runs.
+  std::vector<std::string> isas;
+  int repeats = 5;          // rounds per mode
+  std::int64_t steps = 3;   // timed steps per mode and round
+  // Busy competitor processes (bench/dit/load.hpp) to measure every cell under as well: each
+  // round runs every mode unloaded, then again with `load` spinning processes beside it.
+  int load = 0;
+};
+
+// Prints the table; writes JSON and a gnuplot chart when paths are given. Returns the exit
+// status (1 when a peer's output disagrees with retrace's).
+int run_dit_bench(const BenchOptions& options);
 
 // Writes one safetensors file per size, DIR/dit_step_<size>.safetensors: the model's weights
 // (reference names), the step's inputs (step.x, step.t_frequencies, step.label,

@@ -18,14 +18,21 @@ It writes the peers' medians and the ratios of retrace's traced step to each pee
 best peer into the rows of build/bench.json (`onnxruntime_ms`, `torch_compile_ms`,
 `best_peer_ms`, `traced_over_best_peer`, ...), prints the table and draws
 build/bench_peers.png. A peer that cannot run here is skipped with a line saying why.
+
+With `--load N` (default: the load `retrace bench --load N` measured under, read from its
+rows) every peer is also timed beside N busy processes spinning on this process' CPUs, rounds
+alternating with the unloaded ones as `retrace bench` does, and `<peer>_loaded_ms` and
+`<peer>_loaded_over_unloaded` are added.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -268,15 +275,43 @@ def torch_compile_runner(s: Step, threads: int):
 
 # --- timing and reporting ----------------------------------------------------------------------
 
-def median_ms(run, rounds: int, steps: int) -> float:
+# A competitor of --load: spins until killed, and ends by itself after ten minutes.
+SPIN = "import signal\nsignal.alarm(600)\nwhile True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def load(processes: int):
+    """`processes` busy Python processes on this process' CPUs while the block runs."""
+    children = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait()
+
+
+def step_times(run, rounds: int, steps: int, processes: int) -> tuple[list[float], list[float]]:
+    """Step times in ms, unloaded and (with processes > 0) beside that many competitors: each
+    round runs `steps` unloaded steps, then `steps` loaded ones."""
     for _ in range(3):
         run()  # warm-up (torch.compile compiles here)
-    times = []
-    for _ in range(rounds * steps):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    unloaded, loaded = [], []
+
+    def timed(into):
+        run()  # untimed: caches hold this peer's data again
+        for _ in range(steps):
+            start = time.perf_counter()
+            run()
+            into.append((time.perf_counter() - start) * 1e3)
+
+    for _ in range(rounds):
+        timed(unloaded)
+        if processes > 0:
+            with load(processes):
+                timed(loaded)
+    return unloaded, loaded
 
 
 PEERS = {"onnxruntime": onnxruntime_runner, "torch_compile": torch_compile_runner}
@@ -327,11 +362,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--peers", default="onnxruntime,torch_compile")
+    parser.add_argument("--load", type=int, default=None,
+                        help="busy processes to time the peers beside as well (default: the "
+                             "bench rows' load, or none)")
     args = parser.parse_args()
 
     rows = json.loads(args.bench_json.read_text())
     if isinstance(rows, dict):
         rows = rows.get("rows", [])
+    if args.load is None:
+        args.load = max((int(r.get("load") or 0) for r in rows), default=0)
     print(f"peers: {json.dumps(versions())}; {os.cpu_count()} CPUs")
     steps: dict[str, Step] = {}
     measured: dict[tuple[str, str, int], dict] = {}  # (peer, size, threads): its columns
@@ -356,7 +396,12 @@ def main() -> int:
                     run = PEERS[peer](s, threads)
                     error = s.relative_error(run())
                     columns[f"{peer}_relative_error"] = error
-                    columns[key] = median_ms(run, args.rounds, args.steps)
+                    unloaded, loaded = step_times(run, args.rounds, args.steps, args.load)
+                    columns[key] = statistics.median(unloaded)
+                    if loaded:
+                        columns[f"{peer}_loaded_ms"] = statistics.median(loaded)
+                        columns[f"{peer}_loaded_over_unloaded"] = (
+                            columns[f"{peer}_loaded_ms"] / columns[key])
                     if error > 1e-4:
                         print(f"peers: {peer} at {size}/{threads}t differs from retrace by a "
                               f"relative {error:.2e}", file=sys.stderr)
@@ -382,6 +427,17 @@ def main() -> int:
         print(f"{r['size']:>4} {r['threads']:>3} {r.get('kernel_isa', ''):>7} {ms('traced_ms')} "
               f"{ms('floor_ms')} {ms('onnxruntime_ms')} {ms('torch_compile_ms')} "
               f"{(f'{ratio:.2f}x' if ratio else '-'):>17}")
+    if args.load > 0:
+        print(f"under load: {args.load} busy process(es); each mode's median step loaded / "
+              "unloaded")
+        print(f"{'size':>4} {'thr':>3} {'retrace traced':>15} {'onnxrt':>9} {'compile':>9}")
+        for r in rows:
+            def over(key):
+                value = r.get(key)
+                return f"{value:.2f}x" if value is not None else "-"
+            print(f"{r['size']:>4} {r['threads']:>3} {over('traced_loaded_over_unloaded'):>15} "
+                  f"{over('onnxruntime_loaded_over_unloaded'):>9} "
+                  f"{over('torch_compile_loaded_over_unloaded'):>9}")
     args.bench_json.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"peers: wrote the peers' columns into {args.bench_json}")
     plot(rows, args.plot)

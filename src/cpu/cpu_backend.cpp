@@ -72,7 +72,8 @@ class CpuBackend final : public Backend {
     queues_.reserve(options.num_queues);
     for (std::uint32_t q = 0; q < options.num_queues; ++q) {
       queues_.push_back(std::make_unique<CpuQueue>(
-          fmt::format("queue {} of cpu:{}", q, options.id), options, kernels_));
+          fmt::format("queue {} of cpu:{}", q, options.id), fmt::format("rt cpu:{} q{}", options.id, q),
+          options, kernels_));
     }
   }
 
@@ -189,7 +190,7 @@ class CpuBackend final : public Backend {
     auto& trace = static_cast<CpuTrace&>(base);
     std::lock_guard lock(trace.mutex);
     for (std::size_t q = 0; q < trace.last_submission.size(); ++q) {
-      queues_[q]->wait_for(trace.last_submission[q]);  // no replay may touch freed memory
+      queues_[q]->finish_through(trace.last_submission[q]);  // no replay may touch freed memory
     }
     trace.program.reset();
   }
@@ -244,9 +245,11 @@ std::unique_ptr<Device> open_cpu_device(const CpuDeviceOptions& options) {
                        options.num_queues, options.guard_bytes,  options.kernel_threads};
   RETRACE_CHECK(options.num_queues >= 1 && options.num_queues <= 64, invalid_argument,
                 "cpu:{}: num_queues must be in [1, 64], got {}", options.id, options.num_queues);
-  std::string threads_error;
+  std::string threads_error, spin_error;
   (void)cpu::kernel_threads_from_environment(&threads_error);
   RETRACE_CHECK(threads_error.empty(), invalid_argument, "cpu:{}: {}", options.id, threads_error);
+  (void)cpu::kernel_spin_us_from_environment(&spin_error);
+  RETRACE_CHECK(spin_error.empty(), invalid_argument, "cpu:{}: {}", options.id, spin_error);
   return make_device(std::make_unique<cpu::CpuBackend>(options), common);
 }
 

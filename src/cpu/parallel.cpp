@@ -1,6 +1,8 @@
 #include "cpu/parallel.hpp"
 
+#include "cpu/spin.hpp"
 #include "util/cpus.hpp"
+#include "util/thread_name.hpp"
 
 #include <fmt/format.h>
 
@@ -22,11 +24,20 @@ thread_local bool in_parallel_region = false;
 thread_local int region_cap = 0;  // KernelThreadCap: 0 none, 1 serial, n at most n
 std::atomic<int> thread_limit{1 << 20};
 
-// A fixed set of helper threads; one parallel loop at a time (others run serially). A helper
-// that finished a part watches for the next loop for a short while (yielding the core to any
-// other runnable thread) before it sleeps on the condition variable: the ops of a replay follow
-// each other within microseconds, and waking a sleeping thread costs tens of microseconds on a
-// virtual machine (a 256x256 layer_norm took 77 us, most of it waiting for its helper).
+// A fixed set of helper threads and one parallel loop at a time (others run serially).
+//
+// Parts are claimed, not assigned: the calling thread and every awake helper take the next
+// unclaimed part until none is left, so a loop never waits for a part that no running thread
+// took. A helper that the operating system has descheduled (the machine is busy) delays only a
+// part it already claimed; the caller runs the rest itself. Which thread runs a part never
+// changes its bits: the parts' boundaries depend only on the loop and the thread count.
+//
+// Waiting spins for a bounded time, then sleeps (cpu/spin.hpp). A helper that finished watches
+// for the next loop for RETRACE_KERNEL_SPIN_US, then sleeps on a condition variable: the ops of
+// a replay follow each other within microseconds, and waking a sleeping thread costs tens of
+// microseconds on a virtual machine (a 256x256 layer_norm took 77 us, most of it waiting for its
+// helper). A caller waiting for a helper's part spins as long, then sleeps until the part is
+// done. On a busy machine both stop spinning at once.
 class KernelPool {
  public:
   KernelPool() {
@@ -34,7 +45,14 @@ class KernelPool {
     // RETRACE_KERNEL_THREADS says (a value it cannot take is refused when a device opens).
     const std::optional<int> requested = kernel_threads_from_environment(nullptr);
     threads_ = requested ? *requested : static_cast<int>(util::usable_cpus());
-    for (int i = 1; i < threads_; ++i) helpers_.emplace_back([this, i] { run(i); });
+    spin_ = std::chrono::microseconds(kernel_spin_us_from_environment(nullptr).value_or(
+        kDefaultKernelSpinUs));
+    for (int i = 1; i < threads_; ++i) {
+      helpers_.emplace_back([this, i] {
+        util::name_this_thread(fmt::format("rt kernel {}", i));
+        run();
+      });
+    }
   }
   ~KernelPool() {
     {
@@ -50,24 +68,45 @@ class KernelPool {
   bool try_run(std::int64_t n, int parts, detail::RangeFn fn, void* context) {
     std::unique_lock busy(busy_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
+    n_ = n;
+    parts_ = parts;
+    fn_ = fn;
+    context_ = context;
+    done_.store(0, std::memory_order_relaxed);
+    // Publishes the loop: a claim that succeeds against this word sees the fields above.
+    const std::uint64_t region = (claims_.load(std::memory_order_relaxed) >> 32) + 1;
+    claims_.store(region << 32 | static_cast<std::uint32_t>(parts), std::memory_order_release);
     {
+      // A helper counts itself a sleeper before it takes the mutex to wait, and waits only if
+      // the generation is unchanged under it: one that missed this notify sees the new one.
       std::lock_guard lock(mutex_);
-      n_ = n;
-      parts_ = parts;
-      fn_ = fn;
-      context_ = context;
-      remaining_.store(parts - 1);
-      generation_.fetch_add(1);
+      generation_.fetch_add(1, std::memory_order_release);
     }
-    // A helper counts itself a sleeper before it takes the mutex to wait, and waits only if the
-    // generation is unchanged under it: one that missed this notify sees the new generation.
     if (sleepers_.load() > 0) cv_.notify_all();
-    run_part(0);
-    while (remaining_.load() != 0) std::this_thread::yield();
+    run_claimed_parts();
+    wait_until_done();
     return true;
   }
 
  private:
+  // Claims parts of the current loop one by one (the last unclaimed first) and runs them, until
+  // none is left. Reading the loop's fields is safe once a claim succeeded: the caller does not
+  // return, nor publish another loop, before every part is done.
+  void run_claimed_parts() {
+    std::uint64_t word = claims_.load(std::memory_order_acquire);
+    while (static_cast<std::uint32_t>(word) != 0) {
+      if (!claims_.compare_exchange_weak(word, word - 1, std::memory_order_acq_rel,
+                                         std::memory_order_acquire)) {
+        continue;  // another thread claimed one (or a new loop began): look again
+      }
+      // Read before the part counts as done: from then on the caller may begin another loop.
+      const int parts = parts_;
+      run_part(static_cast<int>(static_cast<std::uint32_t>(word)) - 1);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
+      word = claims_.load(std::memory_order_acquire);
+    }
+  }
+
   void run_part(int part) {
     const std::int64_t begin = n_ * part / parts_;
     const std::int64_t end = n_ * (part + 1) / parts_;
@@ -76,21 +115,22 @@ class KernelPool {
     in_parallel_region = false;
   }
 
-  // Whether the generation moved past `seen` within the spin budget.
-  bool watch(std::uint64_t seen) const {
-    constexpr auto kSpin = std::chrono::microseconds(100);
-    const auto until = std::chrono::steady_clock::now() + kSpin;
-    for (int i = 0;; ++i) {
-      if (generation_.load(std::memory_order_acquire) != seen) return true;
-      if (i % 64 == 63 && std::chrono::steady_clock::now() > until) return false;
-      std::this_thread::yield();
+  // The caller, once every part is claimed: until the helpers' parts are done.
+  void wait_until_done() {
+    if (spin_while_idle([this] { return done_.load(std::memory_order_acquire) == parts_; }, spin_)) {
+      return;
+    }
+    for (int done = done_.load(std::memory_order_acquire); done != parts_;
+         done = done_.load(std::memory_order_acquire)) {
+      done_.wait(done, std::memory_order_acquire);
     }
   }
 
-  void run(int index) {
+  void run() {
     std::uint64_t seen = 0;
     for (;;) {
-      const bool woke = watch(seen);
+      const bool woke =
+          spin_while_idle([&] { return generation_.load(std::memory_order_acquire) != seen; }, spin_);
       {
         if (!woke) sleepers_.fetch_add(1);
         std::unique_lock lock(mutex_);
@@ -98,14 +138,13 @@ class KernelPool {
         if (!woke) sleepers_.fetch_sub(1);
         if (stopping_) return;
         seen = generation_.load();
-        if (index >= parts_) continue;
       }
-      run_part(index);
-      remaining_.fetch_sub(1);
+      run_claimed_parts();
     }
   }
 
   int threads_ = 1;
+  std::chrono::microseconds spin_{kDefaultKernelSpinUs};
   std::vector<std::thread> helpers_;
   std::mutex busy_;
   std::mutex mutex_;
@@ -113,11 +152,14 @@ class KernelPool {
   bool stopping_ = false;
   std::atomic<std::uint64_t> generation_{0};  // written under mutex_
   std::atomic<int> sleepers_{0};
+  // The current loop's claims: its number (high 32 bits) and how many of its parts are still
+  // unclaimed (low 32 bits).
+  std::atomic<std::uint64_t> claims_{0};
+  std::atomic<int> done_{0};  // parts of the current loop that finished
   std::int64_t n_ = 0;
   int parts_ = 1;
   detail::RangeFn fn_ = nullptr;
   void* context_ = nullptr;
-  std::atomic<int> remaining_{0};
 };
 
 KernelPool& pool() {
@@ -142,6 +184,25 @@ std::optional<int> kernel_threads_from_environment(std::string* error) {
         "RETRACE_KERNEL_THREADS='{}' is not a thread count (a whole number "
         "from 1 to {}; unset it for one thread per usable CPU)",
         text, kMaxKernelThreads);
+  }
+  return std::nullopt;
+}
+
+std::optional<int> kernel_spin_us_from_environment(std::string* error) {
+  const char* env = std::getenv("RETRACE_KERNEL_SPIN_US");
+  if (env == nullptr) return std::nullopt;
+  const std::string_view text(env);
+  int value = 0;
+  const auto [end, code] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (code == std::errc() && end == text.data() + text.size() && value >= 0 &&
+      value <= kMaxKernelSpinUs) {
+    return value;
+  }
+  if (error != nullptr) {
+    *error = fmt::format(
+        "RETRACE_KERNEL_SPIN_US='{}' is not a spin time (a whole number of microseconds from 0 "
+        "to {}; unset it for {})",
+        text, kMaxKernelSpinUs, kDefaultKernelSpinUs);
   }
   return std::nullopt;
 }

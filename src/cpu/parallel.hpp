@@ -1,6 +1,8 @@
 // parallel_for: splits a loop across the CPU device's kernel threads (one per core), for kernels
 // big enough that a cross-core hand-off (microseconds) pays. Small loops, nested calls and calls
-// while another parallel loop runs execute on the calling thread.
+// while another parallel loop runs execute on the calling thread. The calling thread and the
+// helpers claim the loop's parts as they get to them, so a helper the operating system has not
+// scheduled (a busy machine) never holds the loop up for a part it has not started.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,14 @@ inline constexpr int kMaxKernelThreads = 4096;
 // RETRACE_KERNEL_THREADS when set to a count the pool can take; otherwise nullopt, and with
 // `error`, why a set value is refused (empty when unset).
 [[nodiscard]] std::optional<int> kernel_threads_from_environment(std::string* error);
+// How long a kernel thread spins (yielding) for the next loop, or for a helper's part, before it
+// sleeps: RETRACE_KERNEL_SPIN_US, 0 to 1000000 microseconds, default 100. Shorter gives the
+// cores back sooner on a busy machine; longer saves wake-ups between a replay's loops.
+inline constexpr int kDefaultKernelSpinUs = 100;
+inline constexpr int kMaxKernelSpinUs = 1000000;
+// RETRACE_KERNEL_SPIN_US when set to a value the pool can take; otherwise nullopt, and with
+// `error`, why a set value is refused (empty when unset).
+[[nodiscard]] std::optional<int> kernel_spin_us_from_environment(std::string* error);
 // While a KernelThreadCap scope is alive on a thread, the kernels it runs use at most `threads`
 // kernel threads, that thread included (0: no cap). A CPU device runs its queues' work inside
 // one with its kernel_threads option. With a cap of 1 (serial_kernels()) parallel_for runs

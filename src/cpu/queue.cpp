@@ -1,40 +1,20 @@
 #include "cpu/queue.hpp"
 
 #include "cpu/parallel.hpp"
+#include "cpu/spin.hpp"
 
 #include "retrace/error.hpp"
+#include "util/thread_name.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define RETRACE_CPU_RELAX() _mm_pause()
-#else
-#define RETRACE_CPU_RELAX() ((void)0)
-#endif
-
 namespace retrace::cpu {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-
-// Spins until pred() holds or `spin_us` passed; returns pred().
-template <class Pred>
-bool spin_until(Pred pred, std::uint32_t spin_us) {
-  const auto deadline = Clock::now() + std::chrono::microseconds(spin_us);
-  for (int i = 0;; ++i) {
-    if (pred()) return true;
-    RETRACE_CPU_RELAX();
-    if ((i & 63) == 63 && Clock::now() >= deadline) return pred();
-  }
-}
-}  // namespace
-
 void CpuEventState::wait() const {
-  if (spin_until([this] { return done_.load() != 0; }, 20)) return;
+  if (spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20))) return;
   while (done_.load() == 0) done_.wait(0);
 }
 
@@ -43,14 +23,20 @@ void CpuEventState::signal() noexcept {
   done_.notify_all();
 }
 
-CpuQueue::CpuQueue(std::string label, const CpuDeviceOptions& options, const KernelVariant& kernels)
+CpuQueue::CpuQueue(std::string label, std::string thread_name, const CpuDeviceOptions& options,
+                   const KernelVariant& kernels)
     : label_(std::move(label)),
       kernels_(kernels),
       mode_(options.execution),
       eager_batch_(std::max<std::uint32_t>(options.eager_batch, 1)),
       spin_us_(options.worker_spin_us),
       kernel_cap_(static_cast<int>(std::min<std::uint32_t>(options.kernel_threads, INT_MAX))) {
-  if (mode_ == ExecutionMode::worker) worker_ = std::thread([this] { worker_loop(); });
+  if (mode_ == ExecutionMode::worker) {
+    worker_ = std::thread([this, name = std::move(thread_name)] {
+      util::name_this_thread(name);
+      worker_loop();
+    });
+  }
 }
 
 CpuQueue::~CpuQueue() {
@@ -150,6 +136,7 @@ std::uint64_t CpuQueue::submit(std::shared_ptr<const Program> program, Blocking 
   // Blocking: run on this thread once the queue's earlier work is done.
   Item item{Kind::program, next_seq_++, std::move(program), nullptr, command_ns};
   lock.unlock();
+  help_until(item.seq - 1);
   run_in_turn(item);
   return item.seq;
 }
@@ -173,13 +160,20 @@ void CpuQueue::wait_idle() {
     flush_locked();
     last = next_seq_ - 1;
   }
-  wait_for(last);
+  finish_through(last);
   std::lock_guard lock(mutex_);
   retired_.clear();
 }
 
+void CpuQueue::finish_through(std::uint64_t seq) {
+  help_until(seq);
+  wait_for(seq);
+}
+
 void CpuQueue::wait_for(std::uint64_t seq) const {
-  if (spin_until([&] { return completed_.load() >= seq; }, spin_us_)) return;
+  if (spin_while_idle([&] { return completed_.load() >= seq; }, std::chrono::microseconds(spin_us_))) {
+    return;
+  }
   for (std::uint64_t done = completed_.load(); done < seq; done = completed_.load()) {
     completed_.wait(done);
   }
@@ -195,6 +189,41 @@ std::optional<std::string> CpuQueue::take_error() {
 }
 
 // --- execution --------------------------------------------------------------------------------
+
+// A thread other than the worker that is about to wait for item `seq` runs the items up to it
+// that the worker has not taken yet, in order, instead of waiting for the worker to wake: on a
+// busy machine the worker may not be scheduled for a whole time slice, and on an idle one this
+// saves the hand-off. Collectives and waits on events are left to the worker (a collective must
+// not run on a thread that may still have to start its peers' work).
+void CpuQueue::help_until(std::uint64_t seq) {
+  if (mode_ != ExecutionMode::worker) return;
+  for (;;) {
+    Item item;
+    {
+      std::lock_guard lock(mutex_);
+      if (pending_.empty() || pending_.front().seq > seq ||
+          !outside_thread_may_run(pending_.front())) {
+        return;
+      }
+      item = std::move(pending_.front());
+      pending_.pop_front();
+      pending_count_.fetch_sub(1);
+    }
+    run_in_turn(item);
+  }
+}
+
+bool CpuQueue::outside_thread_may_run(const Item& item) const noexcept {
+  switch (item.kind) {
+    case Kind::program:
+      return item.program->collectives.empty();
+    case Kind::signal:
+      return true;
+    case Kind::wait:
+      return false;
+  }
+  return false;
+}
 
 void CpuQueue::run_in_turn(const Item& item) {
   wait_for(item.seq - 1);
@@ -244,18 +273,16 @@ void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) no
 }
 
 bool CpuQueue::pop(Item& item) {
-  worker_state_.store(WorkerState::spinning);
-  spin_until([this] { return pending_count_.load() > 0; }, spin_us_);
+  (void)spin_while_idle([this] { return pending_count_.load() > 0; },
+                        std::chrono::microseconds(spin_us_));
   std::unique_lock lock(mutex_);
   if (pending_.empty()) {
-    worker_state_.store(WorkerState::sleeping);
     work_cv_.wait(lock, [this] { return !pending_.empty() || stopping_; });
     if (pending_.empty()) return false;
   }
   item = std::move(pending_.front());
   pending_.pop_front();
   pending_count_.fetch_sub(1);
-  worker_state_.store(WorkerState::busy);
   return true;
 }
 

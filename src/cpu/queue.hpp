@@ -42,7 +42,9 @@ class CpuEventState final : public retrace::detail::EventState {
 
 class CpuQueue {
  public:
-  CpuQueue(std::string label, const CpuDeviceOptions& options, const KernelVariant& kernels);
+  // `label` names the queue in errors; `thread_name` its worker thread (util/thread_name.hpp).
+  CpuQueue(std::string label, std::string thread_name, const CpuDeviceOptions& options,
+           const KernelVariant& kernels);
   ~CpuQueue();  // drains the queue, then stops the worker
   CpuQueue(const CpuQueue&) = delete;
   CpuQueue& operator=(const CpuQueue&) = delete;
@@ -56,7 +58,11 @@ class CpuQueue {
   void signal(std::shared_ptr<CpuEventState> event);
   void wait(std::shared_ptr<const retrace::detail::EventState> event);
   void wait_idle();
+  // Waits until item `seq` (and everything before it) ran. wait_for only waits; finish_through,
+  // for threads other than the worker, first runs the items up to `seq` that the worker has not
+  // taken yet (see help_until).
   void wait_for(std::uint64_t seq) const;
+  void finish_through(std::uint64_t seq);
   // The sticky error, cleared as it is returned.
   [[nodiscard]] std::optional<std::string> take_error();
 
@@ -72,11 +78,12 @@ class CpuQueue {
     std::shared_ptr<const retrace::detail::EventState> event;
     std::uint64_t* command_ns = nullptr;  // programs: time each command into this
   };
-  enum class WorkerState : std::uint8_t { busy, spinning, sleeping };
 
   std::uint64_t push_locked(Item item);
   void flush_locked();
   void run_in_turn(const Item& item);
+  void help_until(std::uint64_t seq);
+  [[nodiscard]] bool outside_thread_may_run(const Item& item) const noexcept;
   void run(const Item& item) noexcept;
   void run_program(const Program& program, std::uint64_t* command_ns) noexcept;
   void worker_loop();
@@ -104,7 +111,6 @@ class CpuQueue {
   std::string last_failure_;
 
   std::atomic<std::size_t> pending_count_{0};
-  std::atomic<WorkerState> worker_state_{WorkerState::busy};
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<bool> failed_{false};
   std::thread worker_;
