@@ -106,5 +106,27 @@ TEST(KernelThreads, ABadEnvironmentCountFailsTheDevice) {
   if (saved != nullptr) ::setenv("RETRACE_KERNEL_THREADS", restore.c_str(), 1);
 }
 
+// RETRACE_KERNEL_SPIN_US likewise: microseconds from 0 to 1000000, else the device fails naming
+// the value.
+TEST(KernelThreads, ABadEnvironmentSpinFailsTheDevice) {
+  const char* saved = std::getenv("RETRACE_KERNEL_SPIN_US");
+  const std::string restore = saved != nullptr ? saved : "";
+  for (const char* bad : {"abc", "-1", "1000001", "5us", ""}) {
+    ::setenv("RETRACE_KERNEL_SPIN_US", bad, 1);
+    EXPECT_RETRACE_ERROR(
+        (void)open_cpu_device(), invalid_argument,
+        fmt::format("cpu:0: RETRACE_KERNEL_SPIN_US='{}' is not a spin time", bad));
+  }
+  for (const char* good : {"0", "250", "1000000"}) {
+    ::setenv("RETRACE_KERNEL_SPIN_US", good, 1);
+    std::string error;
+    EXPECT_EQ(kernel_spin_us_from_environment(&error), std::stoi(good));
+    EXPECT_TRUE(error.empty());
+    EXPECT_NO_THROW((void)open_cpu_device());
+  }
+  ::unsetenv("RETRACE_KERNEL_SPIN_US");
+  if (saved != nullptr) ::setenv("RETRACE_KERNEL_SPIN_US", restore.c_str(), 1);
+}
+
 }  // namespace
 }  // namespace retrace::cpu
