@@ -191,10 +191,11 @@ std::optional<std::string> CpuQueue::take_error() {
 // --- execution --------------------------------------------------------------------------------
 
 // A thread other than the worker that is about to wait for item `seq` runs the items up to it
-// that the worker has not taken yet, in order, instead of waiting for the worker to wake: on a
-// busy machine the worker may not be scheduled for a whole time slice, and on an idle one this
-// saves the hand-off. Collectives and waits on events are left to the worker (a collective must
-// not run on a thread that may still have to start its peers' work).
+// that the worker has not taken although nothing before them is left to run: the worker sleeps
+// or is not scheduled (on a busy machine, for a whole time slice). While the worker is still
+// running an earlier item, the next one is left to it: it follows at once, on the core whose
+// caches hold the earlier item's results. Collectives and waits on events are left to the worker
+// (a collective must not run on a thread that may still have to start its peers' work).
 void CpuQueue::help_until(std::uint64_t seq) {
   if (mode_ != ExecutionMode::worker) return;
   for (;;) {
@@ -202,6 +203,7 @@ void CpuQueue::help_until(std::uint64_t seq) {
     {
       std::lock_guard lock(mutex_);
       if (pending_.empty() || pending_.front().seq > seq ||
+          completed_.load() + 1 != pending_.front().seq ||
           !outside_thread_may_run(pending_.front())) {
         return;
       }
