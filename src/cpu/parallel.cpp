@@ -169,42 +169,40 @@ KernelPool& pool() {
 
 }  // namespace
 
-std::optional<int> kernel_threads_from_environment(std::string* error) {
-  const char* env = std::getenv("RETRACE_KERNEL_THREADS");
+namespace {
+
+// A whole number from `lo` to `hi` in the environment variable `name`: nullopt when unset or
+// not such a number, and then with `error`, why the value is refused ("RETRACE_X='abc' is not
+// <what> (a whole number <unit>from lo to hi; unset it for <otherwise>)").
+std::optional<int> whole_number_from_environment(const char* name, int lo, int hi,
+                                                 std::string_view what, std::string_view unit,
+                                                 std::string_view otherwise, std::string* error) {
+  const char* env = std::getenv(name);
   if (env == nullptr) return std::nullopt;
   const std::string_view text(env);
   int value = 0;
   const auto [end, code] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (code == std::errc() && end == text.data() + text.size() && value >= 1 &&
-      value <= kMaxKernelThreads) {
+  if (code == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi) {
     return value;
   }
   if (error != nullptr) {
-    *error = fmt::format(
-        "RETRACE_KERNEL_THREADS='{}' is not a thread count (a whole number "
-        "from 1 to {}; unset it for one thread per usable CPU)",
-        text, kMaxKernelThreads);
+    *error = fmt::format("{}='{}' is not {} (a whole number {}from {} to {}; unset it for {})",
+                         name, text, what, unit, lo, hi, otherwise);
   }
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<int> kernel_threads_from_environment(std::string* error) {
+  return whole_number_from_environment("RETRACE_KERNEL_THREADS", 1, kMaxKernelThreads,
+                                       "a thread count", "", "one thread per usable CPU", error);
+}
+
 std::optional<int> kernel_spin_us_from_environment(std::string* error) {
-  const char* env = std::getenv("RETRACE_KERNEL_SPIN_US");
-  if (env == nullptr) return std::nullopt;
-  const std::string_view text(env);
-  int value = 0;
-  const auto [end, code] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (code == std::errc() && end == text.data() + text.size() && value >= 0 &&
-      value <= kMaxKernelSpinUs) {
-    return value;
-  }
-  if (error != nullptr) {
-    *error = fmt::format(
-        "RETRACE_KERNEL_SPIN_US='{}' is not a spin time (a whole number of microseconds from 0 "
-        "to {}; unset it for {})",
-        text, kMaxKernelSpinUs, kDefaultKernelSpinUs);
-  }
-  return std::nullopt;
+  return whole_number_from_environment("RETRACE_KERNEL_SPIN_US", 0, kMaxKernelSpinUs,
+                                       "a spin time", "of microseconds ",
+                                       fmt::format("{}", kDefaultKernelSpinUs), error);
 }
 
 int kernel_threads() noexcept { return std::min(pool().threads(), thread_limit.load()); }
