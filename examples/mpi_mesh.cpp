@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
   // Collective across the ranks: every rank gets the whole product.
   const std::vector<float> y = retrace::gather_to_host(traced.outputs()).to_vector<float>();
   if (retrace::mpi::world_rank() == 0) {
-    std::printf("%s: y[0] = %.4f (%llu replays on each of %d ranks)\n", mesh->name().c_str(),
-                y[0], static_cast<unsigned long long>(traced.stats().replays),
+    std::printf("%s: y[0] = %.4f (%llu replays on each of %d ranks)\n", mesh->name().c_str(), y[0],
+                static_cast<unsigned long long>(traced.stats().replays),
                 retrace::mpi::world_size());
   }
 }

@@ -39,15 +39,15 @@ void capture_and_replay() {
   retrace::Device* device = device_owner.get();
   const std::vector<float> values(256, 1.0f), new_values_on_host(256, 3.0f);
   // docs-snippet: device_direct
-  Tensor x = Tensor::from_vector<float>(values, {1, 256}, retrace::DType::float32)
-                 .to_device(*device);
+  Tensor x =
+      Tensor::from_vector<float>(values, {1, 256}, retrace::DType::float32).to_device(*device);
 
   device->begin_trace_capture(retrace::kDefaultQueue);  // queue 0 records instead of running
   Tensor y = ops::add(ops::mul(x, 2.0), 1.0);
   TraceId trace = device->end_trace_capture(retrace::kDefaultQueue);
 
   ops::copy(Tensor::from_vector<float>(new_values_on_host, {1, 256}, retrace::DType::float32),
-            x);                                        // refresh the input in place
+            x);  // refresh the input in place
   device->execute_trace(trace, retrace::kDefaultQueue, Blocking::yes);
   std::vector<float> result = y.to_vector<float>();  // 2 * 3 + 1 = 7 everywhere
   device->release_trace(trace);
@@ -84,7 +84,7 @@ void random_numbers() {
   const std::vector<float> first = step(x).to_vector<float>();   // captures; draws at offset 0
   const std::vector<float> second = step(x).to_vector<float>();  // replays; draws at offset 1
   noise.manual_seed(42);  // (outside a capture) the next call draws offset 0's numbers again
-  const std::vector<float> again = step(x).to_vector<float>();   // == first
+  const std::vector<float> again = step(x).to_vector<float>();  // == first
   // docs-snippet-end
   expect(first != second && again == first, "draws advance per replay and follow the seed");
 }

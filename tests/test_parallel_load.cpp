@@ -73,8 +73,10 @@ std::vector<std::vector<std::uint32_t>> bits_of(const std::vector<Tensor>& resul
 TEST(KernelThreadsUnderLoad, KernelsKeepTheirBitsWhileOtherThreadsHogTheCpus) {
   if (testing::test_backend() != "cpu") GTEST_SKIP() << "the CPU device's kernel threads";
   auto device = open_cpu_device(CpuDeviceOptions{.id = DeviceId{6}});
-  const Tensor x = testing::device_tensor(*device, testing::random_floats(256 * 256, 1), {256, 256});
-  const Tensor w = testing::device_tensor(*device, testing::random_floats(256 * 256, 2), {256, 256});
+  const Tensor x =
+      testing::device_tensor(*device, testing::random_floats(256 * 256, 1), {256, 256});
+  const Tensor w =
+      testing::device_tensor(*device, testing::random_floats(256 * 256, 2), {256, 256});
   const Tensor row = testing::device_tensor(*device, testing::random_floats(256, 3), {256});
   const auto idle = bits_of(layer(x, w, row));
   // A streaming kernel on one thread gives the same bits (its parts do not change a value).

@@ -43,7 +43,9 @@ Load::Load(int processes, std::chrono::seconds limit) {
   }
 }
 
-Load::~Load() { stop(); }
+Load::~Load() {
+  stop();
+}
 
 void Load::stop() noexcept {
   for (pid_t child : children_) (void)kill(child, SIGKILL);

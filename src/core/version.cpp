@@ -2,6 +2,8 @@
 
 namespace retrace {
 
-const char* version() noexcept { return RETRACE_VERSION_STRING; }
+const char* version() noexcept {
+  return RETRACE_VERSION_STRING;
+}
 
 }  // namespace retrace

@@ -1,6 +1,6 @@
 #include "cpu/parallel.hpp"
 
-#include "cpu/spin.hpp"
+#include "util/spin.hpp"
 #include "util/cpus.hpp"
 #include "util/thread_name.hpp"
 
@@ -117,7 +117,7 @@ class KernelPool {
 
   // The caller, once every part is claimed: until the helpers' parts are done.
   void wait_until_done() {
-    if (spin_while_idle([this] { return done_.load(std::memory_order_acquire) == parts_; }, spin_)) {
+    if (util::spin_while_idle([this] { return done_.load(std::memory_order_acquire) == parts_; }, spin_)) {
       return;
     }
     for (int done = done_.load(std::memory_order_acquire); done != parts_;
@@ -130,7 +130,7 @@ class KernelPool {
     std::uint64_t seen = 0;
     for (;;) {
       const bool woke =
-          spin_while_idle([&] { return generation_.load(std::memory_order_acquire) != seen; }, spin_);
+          util::spin_while_idle([&] { return generation_.load(std::memory_order_acquire) != seen; }, spin_);
       {
         if (!woke) sleepers_.fetch_add(1);
         std::unique_lock lock(mutex_);

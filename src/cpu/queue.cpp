@@ -1,7 +1,7 @@
 #include "cpu/queue.hpp"
 
 #include "cpu/parallel.hpp"
-#include "cpu/spin.hpp"
+#include "util/spin.hpp"
 
 #include "retrace/error.hpp"
 #include "util/thread_name.hpp"
@@ -14,7 +14,7 @@
 namespace retrace::cpu {
 
 void CpuEventState::wait() const {
-  if (spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20))) return;
+  if (util::spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20))) return;
   while (done_.load() == 0) done_.wait(0);
 }
 
@@ -171,7 +171,7 @@ void CpuQueue::finish_through(std::uint64_t seq) {
 }
 
 void CpuQueue::wait_for(std::uint64_t seq) const {
-  if (spin_while_idle([&] { return completed_.load() >= seq; }, std::chrono::microseconds(spin_us_))) {
+  if (util::spin_while_idle([&] { return completed_.load() >= seq; }, std::chrono::microseconds(spin_us_))) {
     return;
   }
   for (std::uint64_t done = completed_.load(); done < seq; done = completed_.load()) {
@@ -275,7 +275,7 @@ void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) no
 }
 
 bool CpuQueue::pop(Item& item) {
-  (void)spin_while_idle([this] { return pending_count_.load() > 0; },
+  (void)util::spin_while_idle([this] { return pending_count_.load() > 0; },
                         std::chrono::microseconds(spin_us_));
   std::unique_lock lock(mutex_);
   if (pending_.empty()) {

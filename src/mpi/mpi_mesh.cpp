@@ -8,6 +8,7 @@
 #include "retrace/error.hpp"
 #include "retrace/registry.hpp"
 #include "util/cpus.hpp"
+#include "util/spin.hpp"
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -51,12 +52,14 @@ bool finalized() {
 // Waits for a request, polling (so that a rank that never arrives can be given up on): spins
 // first, then yields, then sleeps, a little longer each time up to half a millisecond (a rank
 // that waits long for a peer computing on the same host, as while rank 0 runs the demo's
-// reference, would otherwise wake 50,000 times a second, taking CPU time from that peer).
+// reference, would otherwise wake 50,000 times a second, taking CPU time from that peer). A
+// yield that kept the thread off its core for long means the machine is busy (a yield then
+// hands the core to another program for a time slice): it sleeps from then on.
 // False at the deadline or once `stop` is set (the request stays pending).
 bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view call,
               const std::atomic<bool>* stop = nullptr) {
   const auto spin_until = Clock::now() + std::chrono::microseconds(50);
-  const auto yield_until = Clock::now() + std::chrono::milliseconds(2);
+  auto yield_until = Clock::now() + std::chrono::milliseconds(2);
   auto nap = std::chrono::microseconds(20);
   for (int i = 0;; ++i) {
     int done = 0;
@@ -68,6 +71,7 @@ bool wait_for(MPI_Request& request, Clock::time_point deadline, std::string_view
     if (now < spin_until) continue;
     if (now < yield_until) {
       std::this_thread::yield();
+      if (Clock::now() - now > util::kDescheduledTurn) yield_until = now;  // busy: sleep now
     } else {
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(500));

@@ -1,5 +1,5 @@
-// Waiting on the CPU device: spin briefly, then sleep, and stop spinning at once on a busy
-// machine.
+// Waiting threads (the CPU device's queues and kernel helpers, MPI meshes): spin briefly,
+// then sleep, and stop spinning at once on a busy machine.
 //
 // The device's threads hand work to each other within microseconds (a queue's worker, the
 // kernel helpers), and waking a sleeping thread costs tens of microseconds on a virtual machine,
@@ -17,7 +17,7 @@
 #include <immintrin.h>
 #endif
 
-namespace retrace::cpu {
+namespace retrace::util {
 
 // A turn of the spin longer than this means another thread ran on the core in between.
 inline constexpr std::chrono::microseconds kDescheduledTurn{30};
@@ -43,4 +43,4 @@ bool spin_while_idle(Ready&& ready, std::chrono::microseconds budget) {
   }
 }
 
-}  // namespace retrace::cpu
+}  // namespace retrace::util
