@@ -87,6 +87,31 @@ TEST_F(TracerTest, FirstCallCapturesAndRunsLaterCallsReplay) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(read(z)[i], w[i] * 2.0f + 1.0f);
 }
 
+// keep_slot() for a tensor input leaves its slot as it is: state the function updates in place
+// (a cache) carries over from replay to replay. At the capture there is no slot to keep.
+TEST_F(TracerTest, KeepSlotLeavesTheInputSlotAsItIs) {
+  auto step = make_tracer(
+      [](const Tensor& x, const Tensor& cache) {
+        ops::add(cache, x, cache);
+        return ops::mul(cache, 1.0);
+      },
+      device(), {.prep_run = false});
+  const Tensor ones = ops::full({4}, 1.0, device());
+  EXPECT_RETRACE_ERROR((void)step(ones, keep_slot()), invalid_argument,
+                       "input args[1]: is keep_slot() (None in Python)");
+  EXPECT_FALSE(step.trace_captured());
+  const Tensor cache = ops::full({4}, 0.0, device());
+  EXPECT_EQ(read(step(ones, cache)), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(read(step(ones, keep_slot())), std::vector<float>(4, 2.0f));
+  EXPECT_EQ(step.stats().copies_skipped, 2u);  // ones is its slot already, the cache kept
+  EXPECT_EQ(read(step(ones, keep_slot())), std::vector<float>(4, 3.0f));
+  // A tensor again refreshes the slot as usual.
+  EXPECT_EQ(read(step(ones, ops::full({4}, 10.0, device()))), std::vector<float>(4, 11.0f));
+  EXPECT_TRUE(keep_slot().is_keep_slot());
+  EXPECT_FALSE(Tensor().is_keep_slot());
+  EXPECT_FALSE(ones.is_keep_slot());
+}
+
 TEST_F(TracerTest, HostInputsAreMovedAndWrittenIntoSlots) {
   auto tracer = make_tracer(affine, device());
   const auto v = random_floats(16, 3), w = random_floats(16, 4);

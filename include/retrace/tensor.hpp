@@ -70,6 +70,8 @@ class Tensor {
                                                 Layout layout = Layout::row_major);
 
   [[nodiscard]] bool is_null() const noexcept { return !buffer_ && !host_; }
+  // True for the marker keep_slot() returns (see below).
+  [[nodiscard]] bool is_keep_slot() const noexcept;
   explicit operator bool() const noexcept { return !is_null(); }
   [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
   [[nodiscard]] DType dtype() const noexcept { return dtype_; }
@@ -153,5 +155,11 @@ class Tensor {
   Layout layout_ = Layout::row_major;
   std::uint64_t version_ = 0;  // the replay of its buffer this handle saw (see replay_version)
 };
+
+// Passed for a tensor input of a later traced call (Tracer, traced functions), the marker leaves
+// that input's slot as it is: the replay reads what the slot holds, for example state the traced
+// function itself updates in place (Python: None). Anywhere else it is an empty host tensor, and
+// at a capture it is an invalid_argument error (there is no slot yet).
+[[nodiscard]] const Tensor& keep_slot() noexcept;
 
 }  // namespace retrace

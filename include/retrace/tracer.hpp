@@ -171,9 +171,10 @@ class TracerCore {
   template <class T>
   void check_replay_scalar(const TreePath& path, const T& slot, const T& incoming) const {
     if (same_scalar(slot, incoming)) return;
-    throw_tree_error(path, fmt::format("value {} does not match the captured value {} (values are "
-                                       "baked into the trace; pass a tensor, or use a trace key "
-                                       "for values that change)",
+    throw_tree_error(path, fmt::format("value {} does not match the captured value {} (the "
+                                       "input does not match the initial value: values are baked "
+                                       "into the trace; pass a tensor, or use a trace key for "
+                                       "values that change)",
                                        incoming, slot));
   }
 

@@ -59,7 +59,7 @@ inline constexpr None none{};
 
 // A position in a tree: a chain of nodes on the stack, formatted only for error messages.
 struct TreePath {
-  enum class Kind : std::uint8_t { root, index, key, field };
+  enum class Kind : std::uint8_t { root, index, key, field, literal };
   const TreePath* parent = nullptr;
   Kind kind = Kind::root;
   std::size_t index = 0;
@@ -75,6 +75,10 @@ struct TreePath {
   }
   [[nodiscard]] TreePath field(std::string_view f) const noexcept {
     return {this, Kind::field, 0, f, {}};
+  }
+  // A map key that is not a string, as its literal ("3", "None"): args[0][3].
+  [[nodiscard]] TreePath literal(std::string_view text) const noexcept {
+    return {this, Kind::literal, 0, text, {}};
   }
   // "args[1]["latents"].context[2]"
   [[nodiscard]] std::string to_string() const;

@@ -28,7 +28,8 @@ import functools
 import inspect
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
 
 import numpy as _np
 
@@ -52,38 +53,53 @@ class StateTensor:
     """
 
     def __init__(self) -> None:
-        self._data: _core.Tensor | None = None
+        self._data: Any = None
+        self._device: Any = None  # where array values go when update() is given no device
 
     @property
-    def data(self) -> _core.Tensor | None:
+    def data(self) -> Any:
         return self._data
 
     @property
-    def value(self) -> _core.Tensor | None:
+    def value(self) -> Any:
         return self._data
 
     def update(self, value: Any, traced: bool, dtype: Any = _core.bfloat16,
-               device: _core.Device | None = None) -> None:
-        """Sets the state to ``value`` (a retrace.Tensor, or an array converted to ``dtype`` and
-        put on ``device``, or on the state's device when it has one)."""
-        if not isinstance(value, _core.Tensor):
-            if device is None and self._data is not None:
+               mesh_axes: Sequence[int | None] | None = None, device: Any = None) -> None:
+        """Sets the state to ``value``: a retrace.Tensor or MeshTensor, or an array (numpy, torch,
+        anything with ``__dlpack__``) converted to ``dtype`` and put on ``device`` (or on the
+        state's device when it has one). On a ``retrace.MeshDevice``, ``mesh_axes`` gives, per
+        dimension of the value, the mesh axis that dimension is split over (None: not split),
+        as ttnn's ``from_torch`` takes it; dimensions not named are replicated."""
+        if device is None:
+            device = self._device
+        if not isinstance(value, (_core.Tensor, _core.MeshTensor)):
+            if device is None and isinstance(self._data, _core.Tensor):
                 device = self._data.device
             if device is None:
                 raise _core.InvalidArgument(
                     "StateTensor.update: device must be given for an array value "
                     "(the state has no device yet)")
-            value = _core.from_numpy(_np.asarray(value), device=device, dtype=dtype)
-        elif value.on_host:
+            value = _to_device(value, device, dtype, mesh_axes)
+        elif isinstance(value, _core.Tensor) and value.on_host:
             target = device if device is not None else (
-                self._data.device if self._data is not None else None)
+                self._data.device if isinstance(self._data, _core.Tensor) else None)
             if target is None:
                 raise _core.InvalidArgument(
                     "StateTensor.update: device must be given for a host tensor "
                     "(the state has no device yet)")
-            value = value.to_device(target)
+            value = _to_device(value, target, dtype, mesh_axes)
+        if device is not None:
+            self._device = device
         if self._data is None or not traced:
             self._data = value
+        elif isinstance(self._data, _core.MeshTensor):
+            if not isinstance(value, _core.MeshTensor) or len(value.shards) != len(self._data.shards):
+                raise _core.InvalidArgument(
+                    f"StateTensor.update: the state is {self._data!r}; a traced update copies "
+                    f"into its shards, got {value!r}")
+            for new, old in zip(value.shards, self._data.shards):
+                _core.ops.copy(new, old)
         else:
             _core.ops.copy(value, self._data)
 
@@ -91,13 +107,60 @@ class StateTensor:
         return f"StateTensor({self._data!r})"
 
 
+def _to_device(value: Any, device: Any, dtype: Any, mesh_axes: Sequence[int | None] | None) -> Any:
+    """An array (or host tensor) on a Device, or distributed over a MeshDevice by mesh_axes."""
+    if isinstance(value, _core.Tensor):
+        host = value
+    elif hasattr(value, "__dlpack__") and not isinstance(value, _np.ndarray):
+        host = _core.from_numpy(value, dtype=dtype)  # torch tensors (bfloat16 too)
+    else:
+        host = _core.from_numpy(_np.asarray(value), dtype=dtype)
+    if isinstance(device, _core.MeshDevice):
+        return _core.distribute(host, device, _placements(mesh_axes, host.shape, device))
+    if mesh_axes is not None and any(axis is not None for axis in mesh_axes):
+        raise _core.InvalidArgument(
+            f"StateTensor.update: mesh_axes {list(mesh_axes)} splits the value over a mesh, but "
+            f"device is {device!r}, a single device (pass a retrace.MeshDevice)")
+    return host.to_device(device) if host.dtype == dtype or not host.on_host else \
+        _core.from_numpy(host.numpy(), device=device, dtype=dtype)
+
+
+def _placements(mesh_axes: Sequence[int | None] | None, shape: tuple[int, ...], mesh: Any) -> list:
+    """ttnn's mesh_axes (per tensor dimension: the mesh axis it is split over, or None) as one
+    placement per mesh axis."""
+    placements = [_core.Placement.replicate() for _ in mesh.shape]
+    if mesh_axes is None:
+        return placements
+    if len(mesh_axes) != len(shape):
+        raise _core.InvalidArgument(
+            f"StateTensor.update: mesh_axes has {len(mesh_axes)} entries for a value of rank "
+            f"{len(shape)} (one per dimension: a mesh axis or None)")
+    for dim, axis in enumerate(mesh_axes):
+        if axis is None:
+            continue
+        if not isinstance(axis, int) or not 0 <= axis < len(mesh.shape):
+            raise _core.InvalidArgument(
+                f"StateTensor.update: mesh_axes[{dim}] = {axis!r} is not an axis of {mesh!r} "
+                f"(0 to {len(mesh.shape) - 1})")
+        if placements[axis] != _core.Placement.replicate():
+            raise _core.InvalidArgument(
+                f"StateTensor.update: mesh_axes splits two dimensions over mesh axis {axis}")
+        placements[axis] = _core.Placement.shard(dim)
+    return placements
+
+
 def _is_tracer_valid_value(value: Any) -> bool:
-    if isinstance(value, (_core.Tensor,) + _SCALARS):
+    """Whether a value can be a traced input (else traced_function binds it): tensors, mesh
+    tensors, arrays, the scalars (np.float64 is a float) and None, in tuples, lists and dicts
+    with scalar keys. numpy's other scalars (np.float32, ...) are not, as in ttnn's utilities."""
+    if isinstance(value, (_core.Tensor, _core.MeshTensor) + _SCALARS):
         return True
     if isinstance(value, (tuple, list)):
         return all(_is_tracer_valid_value(v) for v in value)
     if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_tracer_valid_value(v) for k, v in value.items())
+        return all(isinstance(k, _SCALARS) and _is_tracer_valid_value(v) for k, v in value.items())
+    if isinstance(value, _np.generic):
+        return False
     return hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__")
 
 
@@ -246,6 +309,47 @@ class _TraceStore:
         for tracer in self.tracers.values():
             tracer.release_trace()
         self.tracers.clear()
+
+
+def _default_tracer(store: _TraceStore) -> _core.Tracer | None:
+    """The tracer of a store's default trace key (with auto_key: the most recently used one made
+    without an explicit key)."""
+    tracer = store.tracers.get(None)
+    if tracer is not None:
+        return tracer
+    auto = [t for k, t in store.tracers.items() if type(k) is tuple and len(k) == 2 and k[0] is None]
+    return auto[-1] if auto else None
+
+
+class _TracerView(Mapping):
+    """The decorator's tracers as ttnn's decorator exposes them: ``wrapper._tracers`` maps a
+    context (the bound ``self``) to its Tracer for the default key, ``wrapper._tracers_keyed`` a
+    context to ``{trace key: Tracer}``, ``wrapper._tracers_auto`` the identities of the bound
+    values (modes 2 and 3) to their Tracer. Read-only views of the live traces."""
+
+    def __init__(self, stores: Callable[[], Any], keyed: bool) -> None:
+        self._stores = stores  # () -> mapping of owner -> _TraceStore
+        self._keyed = keyed
+
+    def _value(self, store: _TraceStore) -> Any:
+        if self._keyed:
+            return {k: t for k, t in store.tracers.items() if k is not None}
+        return _default_tracer(store)
+
+    def __getitem__(self, owner: Any) -> Any:
+        value = self._value(self._stores()[owner])
+        if value is None or value == {}:
+            raise KeyError(owner)
+        return value
+
+    def __iter__(self):
+        return iter([o for o, s in list(self._stores().items()) if self._value(s) not in (None, {})])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self.items())!r})"
 
 
 def traced_function(
@@ -415,8 +519,10 @@ def traced_function(
                         f"reason={tracer.last_capture_reason!r}")
             return "\n".join(lines) if lines else f"{label}: no traces"
 
-        wrapper._tracers = by_context  # type: ignore[attr-defined]
-        wrapper._tracers_auto = by_identity  # type: ignore[attr-defined]
+        wrapper._tracers = _TracerView(lambda: by_context, keyed=False)  # type: ignore[attr-defined]
+        wrapper._tracers_keyed = _TracerView(lambda: by_context, keyed=True)  # type: ignore[attr-defined]
+        wrapper._tracers_auto = _TracerView(  # type: ignore[attr-defined]
+            lambda: {identity: store for identity, (_, store) in by_identity.items()}, keyed=False)
         wrapper.tracers = tracers  # type: ignore[attr-defined]
         wrapper.release_traces = release_traces  # type: ignore[attr-defined]
         wrapper.explain = explain  # type: ignore[attr-defined]

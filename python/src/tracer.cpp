@@ -41,21 +41,70 @@ std::string_view str_view(nb::handle key) {
 }
 
 std::string py_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+// "<class 'numpy.float32'>", as Python (and ttnn's tracing utilities) print a type.
+std::string py_type_repr(nb::handle h) { return nb::repr(h.type()).c_str(); }
 
 [[noreturn]] void tree_type_error(const TreePath& path, const std::string& what) {
   throw_invalid_type(fmt::format("{}: {}", path.describe(), what));
 }
 
-void require_str_key(const TreePath& path, nb::handle key) {
-  if (PyUnicode_CheckExact(key.ptr())) return;
-  tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced inputs and "
-                                    "outputs are strings",
-                                    py_type_name(key)));
+// "is a float, the captured input is a int", with the original's phrase for the same error.
+[[noreturn]] void type_mismatch(const TreePath& path, nb::handle value, std::string_view captured,
+                                std::string_view captured_type) {
+  tree_type_error(path, fmt::format("is a {}, the captured input is a {} (type {} does not match "
+                                    "the initial type {})",
+                                    py_type_name(value), captured, py_type_repr(value),
+                                    captured_type));
 }
 
+// None, bool, int, float and str, subclasses included (np.float64 is a float): the values a
+// trace bakes in. numpy's other scalars (np.float32, np.int64, ...) are not: see numpy_scalar.
 bool is_scalar(nb::handle h) {
-  return h.is_none() || PyBool_Check(h.ptr()) || PyLong_CheckExact(h.ptr()) ||
-         PyFloat_CheckExact(h.ptr()) || PyUnicode_CheckExact(h.ptr());
+  PyObject* p = h.ptr();
+  return h.is_none() || PyBool_Check(p) || PyLong_Check(p) || PyFloat_Check(p) ||
+         PyUnicode_Check(p);
+}
+
+// Python's repr(), held for the life of the process.
+PyObject* builtin_repr() {
+  static PyObject* repr = nb::object(nb::module_::import_("builtins").attr("repr")).release().ptr();
+  return repr;
+}
+
+// An instance of numpy.generic that is not a Python scalar: refused as an input or output
+// (as ttnn's tracing utilities refuse it) rather than silently made a tensor.
+bool numpy_scalar(nb::handle h) {
+  static PyObject* generic = [] {
+    nb::object numpy = nb::module_::import_("numpy");
+    return nb::object(numpy.attr("generic")).release().ptr();
+  }();
+  const int is = PyObject_IsInstance(h.ptr(), generic);
+  if (is < 0) throw nb::python_error();
+  return is == 1;
+}
+
+[[noreturn]] void unsupported_type(const TreePath& path, nb::handle value, std::string_view what) {
+  tree_type_error(path, fmt::format("has unsupported type {} ({}{})", py_type_repr(value), what,
+                                    numpy_scalar(value)
+                                        ? "; a numpy scalar: float(x) or int(x) bakes it into "
+                                          "the trace, np.asarray(x) makes it a tensor input"
+                                        : ""));
+}
+
+// Dictionary keys of traced trees: the scalar types (str, int, float, bool, None).
+void require_key(const TreePath& path, nb::handle key) {
+  if (is_scalar(key)) return;
+  tree_type_error(path, fmt::format("has a key of type {}; dictionary keys in traced inputs and "
+                                    "outputs are str, int, float, bool or None",
+                                    py_type_repr(key)));
+}
+
+// The path of a dictionary's entry: ["name"] for a str key, [3] for other keys. `text` holds
+// the key's repr while the path is in use.
+TreePath key_path(const TreePath& path, nb::handle key, std::string& text) {
+  if (PyUnicode_Check(key.ptr())) return path.key(str_view(key));
+  text = nb::repr(key).c_str();
+  return path.literal(text);
 }
 
 // A host tensor for a slot: float arrays take the slot's floating dtype (numpy has no bfloat16).
@@ -106,6 +155,26 @@ nb::object pop(nb::handle kwargs, nb::handle key) {
   return out;
 }
 
+// Tracer._traces_live: live traces per device id, as ttnn's Tracer counts them (a class
+// attribute shared by every tracer; entries appear when a tracer of the device is made).
+nb::dict& traces_live() {
+  static nb::dict* live = new nb::dict();
+  return *live;
+}
+
+void count_live(const std::vector<std::uint32_t>& ids, long delta) noexcept {
+  try {
+    nb::dict& live = traces_live();
+    for (std::uint32_t id : ids) {
+      nb::int_ key(id);
+      const long now = live.contains(key) ? nb::cast<long>(live[key]) : 0;
+      live[key] = now + delta;
+    }
+  } catch (...) {
+    PyErr_Clear();  // bookkeeping only: never fail a release over it
+  }
+}
+
 }  // namespace
 
 class PyTracer {
@@ -123,6 +192,8 @@ class PyTracer {
     }
     RETRACE_CHECK(PyCallable_Check(function_.ptr()) != 0, invalid_argument,
                   "Tracer: the function must be callable, got {}", py_type_name(function_));
+    for (Device* d : core_.devices()) device_ids_.push_back(d->id().value);
+    count_live(device_ids_, 0);
   }
   ~PyTracer() { release_trace(); }
 
@@ -164,6 +235,7 @@ class PyTracer {
     return core_.state() == TracerState::captured;
   }
   [[nodiscard]] bool has_function() const noexcept { return !function_.is_none(); }
+  [[nodiscard]] nb::object function() const { return function_; }
 
   // {0: args[0], 1: args[1], ..., "name": kwargs["name"]}: the input slots once captured, the
   // last untraced call's inputs before.
@@ -236,6 +308,7 @@ class PyTracer {
 
   void release_trace() noexcept {
     if (!core_.release()) return;
+    count_live(device_ids_, -1);
     slots_.clear();
     stamped_.clear();
     args_ = {};
@@ -324,31 +397,32 @@ class PyTracer {
     }
     if (PyDict_CheckExact(value.ptr())) {
       nb::dict out;
+      std::string text;
       for (auto [key, item] : nb::borrow<nb::dict>(value)) {
-        require_str_key(path, key);
-        out[key] = check_input(path.key(str_view(key)), item);
+        require_key(path, key);
+        out[key] = check_input(key_path(path, key, text), item);
       }
       return out;
     }
-    if (is_array_like(value)) {
+    if (!numpy_scalar(value) && is_array_like(value)) {
       Tensor host = host_tensor_from_array(value, std::nullopt, path.describe());
       core_.check_capture_input(path, host);
       return nb::cast(std::move(host));
     }
-    tree_type_error(path, fmt::format("has unsupported type {} (traced inputs are retrace "
-                                      "tensors, arrays, int, float, bool, str and None, in "
-                                      "tuples, lists and dicts)",
-                                      py_type_name(value)));
+    unsupported_type(path, value,
+                     "traced inputs are retrace tensors, arrays, int, float, bool, str and None, "
+                     "in tuples, lists and dicts");
   }
 
-  // Maps every tensor leaf through f (containers rebuilt; scalars shared).
+  // Maps every tensor leaf through f(handle, tensor) (containers rebuilt; scalars shared; the
+  // handle of a mesh tensor's shard is invalid).
   template <class F>
   static nb::object map_tensors(nb::handle value, F& f) {
-    if (is_tensor(value)) return f(tensor_ref(value));
+    if (is_tensor(value)) return f(value, tensor_ref(value));
     if (is_mesh_tensor(value)) {
       const MeshTensor& m = mesh_ref(value);
       std::vector<Tensor> shards;
-      for (const Tensor& shard : m.shards()) shards.push_back(nb::cast<Tensor>(f(shard)));
+      for (const Tensor& shard : m.shards()) shards.push_back(nb::cast<Tensor>(f(nb::handle(), shard)));
       return nb::cast(MeshTensor::from_shards(std::move(shards), m.mesh(), m.placements()));
     }
     if (PyTuple_CheckExact(value.ptr()) || PyList_CheckExact(value.ptr())) {
@@ -389,15 +463,15 @@ class PyTracer {
       std::size_t i = 0;
       for (nb::handle item : nb::iter(value)) check_outputs(path.at(i++), item);
     } else if (PyDict_CheckExact(value.ptr())) {
+      std::string text;
       for (auto [key, item] : nb::borrow<nb::dict>(value)) {
-        require_str_key(path, key);
-        check_outputs(path.key(str_view(key)), item);
+        require_key(path, key);
+        check_outputs(key_path(path, key, text), item);
       }
     } else {
-      tree_type_error(path, fmt::format("has unsupported type {} (a traced function returns "
-                                        "retrace tensors, int, float, bool, str and None, in "
-                                        "tuples, lists and dicts)",
-                                        py_type_name(value)));
+      unsupported_type(path, value,
+                       "a traced function returns retrace tensors, int, float, bool, str and "
+                       "None, in tuples, lists and dicts");
     }
   }
 
@@ -416,8 +490,15 @@ class PyTracer {
       checked_kwargs[key] = check_input(kwargs_root.key(str_view(key)), value);
     }
     core_.start_placing();
-    auto place = [&](const Tensor& t) {
-      return nb::cast(core_.place_capture_input(t, options.queue));
+    // A device tensor that becomes its slot stays the caller's object: inputs[0] is x.
+    auto place = [&](nb::handle original, const Tensor& t) {
+      Tensor placed = core_.place_capture_input(t, options.queue);
+      if (original.is_valid() && placed.buffer() == t.buffer() &&
+          placed.address() == t.address() && placed.shape() == t.shape() &&
+          placed.is_contiguous() == t.is_contiguous()) {
+        return nb::borrow(original);
+      }
+      return nb::cast(std::move(placed));
     };
     nb::tuple slot_args = nb::borrow<nb::tuple>(map_tensors(nb::tuple(checked_args), place));
     nb::dict slot_kwargs = nb::borrow<nb::dict>(map_tensors(checked_kwargs, place));
@@ -425,7 +506,7 @@ class PyTracer {
     if (core_.options().prep_run) {
       const retrace::detail::PrepRunScope prep_scope;  // random draws do not advance
       if (core_.options().clone_prep_inputs) {
-        auto clone = [&](const Tensor& t) { return nb::cast(t.clone(options.queue)); };
+        auto clone = [&](nb::handle, const Tensor& t) { return nb::cast(t.clone(options.queue)); };
         nb::object prep_args = map_tensors(slot_args, clone);
         nb::object prep_kwargs = map_tensors(slot_kwargs, clone);
         (void)function_(*prep_args, **prep_kwargs);
@@ -460,6 +541,7 @@ class PyTracer {
     for (const Tensor* slot : slots_) buffers.push_back(slot->buffer().get());
     core_.set_slots(std::move(buffers));
     core_.mark_captured();
+    count_live(device_ids_, 1);
     std::vector<Tensor*> outs;
     collect_tensors(outputs_, outs);
     stamped_.clear();
@@ -482,10 +564,13 @@ class PyTracer {
 
   void match(const TreePath& path, nb::handle slot, nb::handle value) {
     if (is_mesh_tensor(slot)) {
-      if (!is_mesh_tensor(value)) {
-        tree_type_error(path, fmt::format("is a {}, the captured input is a MeshTensor",
-                                          py_type_name(value)));
+      if (value.is_none()) {  // None keeps the slots as they are
+        for (std::size_t i = 0; i < mesh_ref(slot).shards().size(); ++i) {
+          incoming_.push_back(keep_slot());
+        }
+        return;
       }
+      if (!is_mesh_tensor(value)) type_mismatch(path, value, "MeshTensor", py_type_repr(slot));
       const MeshTensor& s = mesh_ref(slot);
       const MeshTensor& in = mesh_ref(value);
       if (in.mesh() != s.mesh() || in.placements() != s.placements()) {
@@ -505,28 +590,28 @@ class PyTracer {
         const Tensor& in = tensor_ref(value);
         core_.check_replay_input(path, s, in);
         incoming_.push_back(in);
+      } else if (value.is_none()) {
+        incoming_.push_back(keep_slot());  // the slot stays as it is
       } else if (!is_scalar(value) && !PyTuple_Check(value.ptr()) && !PyList_Check(value.ptr()) &&
-                 !PyDict_Check(value.ptr()) && is_array_like(value)) {
+                 !PyDict_Check(value.ptr()) && !numpy_scalar(value) && is_array_like(value)) {
         Tensor host = host_for_slot(value, s, path);
         core_.check_replay_input(path, s, host);
         incoming_.push_back(std::move(host));
       } else {
-        tree_type_error(path, fmt::format("is a {}, the captured input is a tensor",
-                                          py_type_name(value)));
+        type_mismatch(path, value, "tensor", py_type_repr(slot));
       }
       return;
     }
     PyObject* sp = slot.ptr();
     PyObject* vp = value.ptr();
     if (PyTuple_CheckExact(sp) || PyList_CheckExact(sp)) {
-      if (Py_TYPE(vp) != Py_TYPE(sp)) {
-        tree_type_error(path, fmt::format("is a {}, the captured input is a {}", py_type_name(value),
-                                          py_type_name(slot)));
-      }
+      if (Py_TYPE(vp) != Py_TYPE(sp)) type_mismatch(path, value, py_type_name(slot), py_type_repr(slot));
       const Py_ssize_t n = PySequence_Fast_GET_SIZE(sp);
       if (PySequence_Fast_GET_SIZE(vp) != n) {
-        throw_tree_error(path, fmt::format("has {} elements, the captured input has {}",
-                                           PySequence_Fast_GET_SIZE(vp), n));
+        throw_tree_error(path, fmt::format("has {} elements, the captured input has {} ({} lengths "
+                                           "should be the same: {} != {})",
+                                           PySequence_Fast_GET_SIZE(vp), n, py_type_name(slot), n,
+                                           PySequence_Fast_GET_SIZE(vp)));
       }
       for (Py_ssize_t i = 0; i < n; ++i) {
         match(path.at(static_cast<std::size_t>(i)), PySequence_Fast_GET_ITEM(sp, i),
@@ -535,24 +620,20 @@ class PyTracer {
       return;
     }
     if (PyDict_CheckExact(sp)) {
-      if (!PyDict_CheckExact(vp)) {
-        tree_type_error(path, fmt::format("is a {}, the captured input is a dict", py_type_name(value)));
-      }
-      check_same_keys(path, slot, value);
+      if (!PyDict_CheckExact(vp)) type_mismatch(path, value, "dict", py_type_repr(slot));
+      check_same_keys(path, slot, value, false);
       Py_ssize_t pos = 0;
       PyObject* key = nullptr;
       PyObject* item = nullptr;
+      std::string text;
       while (PyDict_Next(sp, &pos, &key, &item)) {
-        match(path.key(str_view(key)), item, PyDict_GetItem(vp, key));
+        match(key_path(path, key, text), item, PyDict_GetItem(vp, key));
       }
       return;
     }
     // Scalars: same type, same value (values are baked into the trace).
-    if (Py_TYPE(vp) != Py_TYPE(sp)) {
-      tree_type_error(path, fmt::format("is a {}, the captured input is a {}", py_type_name(value),
-                                        py_type_name(slot)));
-    }
-    if (PyFloat_CheckExact(sp)) {
+    if (Py_TYPE(vp) != Py_TYPE(sp)) type_mismatch(path, value, py_type_name(slot), py_type_repr(slot));
+    if (PyFloat_Check(sp)) {
       const double a = PyFloat_AS_DOUBLE(sp), b = PyFloat_AS_DOUBLE(vp);
       if (a == b || (std::isnan(a) && std::isnan(b))) return;
     } else if (sp == vp) {
@@ -562,13 +643,18 @@ class PyTracer {
       if (equal < 0) throw nb::python_error();
       if (equal == 1) return;
     }
-    throw_tree_error(path, fmt::format("value {} does not match the captured value {} (values "
-                                       "are baked into the trace; pass a tensor, or use a trace "
-                                       "key for values that change)",
+    throw_tree_error(path, fmt::format("value {} does not match the captured value {} (the input "
+                                       "does not match the initial value: values are baked into "
+                                       "the trace; pass a tensor, or use a trace key for values "
+                                       "that change)",
                                        nb::repr(value).c_str(), nb::repr(slot).c_str()));
   }
 
-  static void check_same_keys(const TreePath& path, nb::handle slot, nb::handle value) {
+  // A dict input (or the call's keywords) with the captured keys. The message lists both key
+  // sets sorted (by repr: keys of several types do not sort otherwise), with the phrase of
+  // ttnn's tracing utilities for the same error.
+  static void check_same_keys(const TreePath& path, nb::handle slot, nb::handle value,
+                              bool keywords) {
     bool same = PyDict_GET_SIZE(slot.ptr()) == PyDict_GET_SIZE(value.ptr());
     if (same) {
       Py_ssize_t pos = 0;
@@ -580,18 +666,24 @@ class PyTracer {
     }
     if (same) return;
     auto keys = [](nb::handle d) {
+      static PyObject* repr = builtin_repr();
       nb::list k = nb::list(nb::iter(d));
-      k.sort();
+      k.attr("sort")(nb::arg("key") = nb::handle(repr));
       return std::string(nb::repr(k).c_str());
     };
-    tree_type_error(path, fmt::format("keys {} do not match the captured keys {}", keys(value),
-                                      keys(slot)));
+    const std::string got = keys(value), captured = keys(slot);
+    tree_type_error(path, fmt::format("keys {} do not match the captured keys {} ({})", got,
+                                      captured,
+                                      keywords ? fmt::format("expected kwargs {}, got {}",
+                                                             captured, got)
+                                               : std::string("dict keys should be the same")));
   }
 
   nb::object replay(const CallOptions& options, nb::args args, nb::kwargs kwargs) {
     const auto slot_args = nb::borrow<nb::tuple>(args_);
     if (args.size() != slot_args.size()) {
-      throw_invalid_type(fmt::format("tracer '{}': expected {} positional arguments, got {}",
+      throw_invalid_type(fmt::format("tracer '{}': expected {} positional args, got {} (a replay "
+                                     "takes the arguments of the capturing call)",
                                      name(), slot_args.size(), args.size()));
     }
     incoming_.clear();
@@ -600,7 +692,7 @@ class PyTracer {
     for (std::size_t i = 0; i < args.size(); ++i) match(args_root.at(i), slot_args[i], args[i]);
     if (PyDict_GET_SIZE(kwargs.ptr()) != 0 || PyDict_GET_SIZE(kwargs_.ptr()) != 0) {
       const TreePath kwargs_root = TreePath::root("kwargs", "input");
-      check_same_keys(kwargs_root, kwargs_, kwargs);
+      check_same_keys(kwargs_root, kwargs_, kwargs, true);
       Py_ssize_t pos = 0;
       PyObject* key = nullptr;
       PyObject* item = nullptr;
@@ -648,6 +740,7 @@ class PyTracer {
   std::vector<Tensor*> slots_;    // the tensors inside args_ and kwargs_, in walk order
   std::vector<Tensor*> stamped_;  // the outputs in the trace's memory
   std::vector<Tensor> incoming_;  // scratch of one replay
+  std::vector<std::uint32_t> device_ids_;  // for Tracer._traces_live
   bool busy_ = false;             // a call is running
 };
 
@@ -670,8 +763,9 @@ void signature_of(nb::handle value, std::string& out) {
     out += PyTuple_CheckExact(value.ptr()) ? ")" : "]";
   } else if (PyDict_CheckExact(value.ptr())) {
     out += "{";
+    static PyObject* repr = builtin_repr();
     nb::list keys = nb::list(nb::iter(value));
-    keys.sort();
+    keys.attr("sort")(nb::arg("key") = nb::handle(repr));  // keys of several types too
     for (nb::handle key : keys) {
       out += nb::repr(key).c_str();
       out += ":";
@@ -711,7 +805,7 @@ PyType_Slot tracer_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(tracer_tr
 }  // namespace
 
 void bind_tracer(nb::module_& m) {
-  nb::class_<PyTracer>(m, "Tracer",
+  auto tracer_class = nb::class_<PyTracer>(m, "Tracer",
                        "Captures a function's device work on the first traced call and replays "
                        "it on every later one. Outputs are the same objects on every call.",
                        nb::type_slots(tracer_slots))
@@ -737,8 +831,11 @@ void bind_tracer(nb::module_& m) {
            "Per device: id, commands, bytes (private trace memory), pool_buffers, "
            "external_buffers and the op of each command.")
       .def_prop_ro("name", &PyTracer::name)
+      .def_prop_ro("_function", [](const PyTracer& t) { return t.function(); },
+                   "The traced function (None after release_function), as ttnn's Tracer has it.")
       .def("release_trace", &PyTracer::release_trace)
       .def("release_function", &PyTracer::release_function);
+  tracer_class.attr("_traces_live") = traces_live();
 
   // For the call-overhead benchmark: ns per call of a C++ Tracer of the same function as the
   // benchmark's Python one (N tensor leaves in, the same leaves out, inputs already in their

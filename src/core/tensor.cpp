@@ -171,6 +171,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device& device, Layout lay
   return Tensor(device.allocate(bytes), nullptr, shape, dtype, layout, bytes);
 }
 
+namespace {
+std::byte keep_slot_storage{};
+}  // namespace
+
+const Tensor& keep_slot() noexcept {
+  static const Tensor marker = Tensor::from_host_storage(
+      std::shared_ptr<std::byte>(&keep_slot_storage, [](std::byte*) {}), Shape{0},
+      DType::float32);
+  return marker;
+}
+
+bool Tensor::is_keep_slot() const noexcept { return host_.get() == &keep_slot_storage; }
+
 Tensor Tensor::empty_host(const Shape& shape, DType dtype, Layout layout) {
   const std::size_t bytes = storage_bytes(shape, dtype, layout);
   // At least one byte, so even an empty host tensor has storage (and a non-null pointer).

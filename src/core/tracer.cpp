@@ -121,6 +121,11 @@ bool TracerCore::devices_open() const noexcept {
 }
 
 void TracerCore::check_capture_input(const TreePath& path, const Tensor& tensor) const {
+  if (tensor.is_keep_slot()) {
+    throw_tree_error(path, "is keep_slot() (None in Python), which keeps an input slot of a "
+                           "captured trace as it is; the capturing call has no slot yet: pass "
+                           "the tensor");
+  }
   if (tensor.is_null()) throw_tree_error(path, "is a null tensor");
   if (tensor.on_host()) {
     if (devices_.size() == 1) return;
@@ -172,7 +177,9 @@ void TracerCore::set_slots(std::vector<const Buffer*> buffers) {
 }
 
 bool TracerCore::needs_snapshot(const Tensor& slot, const Tensor& incoming) const {
-  if (!incoming.on_device() || incoming.buffer() == slot.buffer()) return false;
+  if (incoming.is_keep_slot() || !incoming.on_device() || incoming.buffer() == slot.buffer()) {
+    return false;
+  }
   return std::binary_search(slot_buffers_.begin(), slot_buffers_.end(), incoming.buffer().get());
 }
 
@@ -190,34 +197,39 @@ void TracerCore::check_output(const TreePath& path, const Tensor& tensor) const 
   }
 }
 
+// The phrase ttnn's tracing utilities use for these errors, kept for code that matches on it.
+constexpr std::string_view kTensorMismatch = "tensor properties do not match the initial value";
+
 void TracerCore::check_replay_input(const TreePath& path, const Tensor& slot,
                                     const Tensor& incoming) const {
+  if (incoming.is_keep_slot()) return;  // the slot stays as it is
   if (incoming.is_null()) throw_tree_error(path, "is a null tensor");
   if (!(incoming.shape() == slot.shape())) [[unlikely]] {
-    throw_tree_error(path, fmt::format("shape {} does not match the captured shape {}",
-                                       incoming.shape(), slot.shape()));
+    throw_tree_error(path, fmt::format("shape {} does not match the captured shape {} ({})",
+                                       incoming.shape(), slot.shape(), kTensorMismatch));
   }
   if (incoming.dtype() != slot.dtype()) [[unlikely]] {
-    throw_tree_error(path, fmt::format("dtype {} does not match the captured dtype {}",
-                                       incoming.dtype(), slot.dtype()));
+    throw_tree_error(path, fmt::format("dtype {} does not match the captured dtype {} ({})",
+                                       incoming.dtype(), slot.dtype(), kTensorMismatch));
   }
   if (incoming.layout() != slot.layout()) [[unlikely]] {
-    throw_tree_error(path, fmt::format("layout {} does not match the captured layout {}",
-                                       incoming.layout(), slot.layout()));
+    throw_tree_error(path, fmt::format("layout {} does not match the captured layout {} ({})",
+                                       incoming.layout(), slot.layout(), kTensorMismatch));
   }
   if (incoming.on_device() && incoming.device() != slot.device()) [[unlikely]] {
     if (incoming.device() == nullptr) {
       RETRACE_FAIL(failed_precondition, "{}: lives on {}, which was closed", path.describe(),
                    incoming.buffer()->link().name);
     }
-    throw_tree_error(path, fmt::format("is on {}, but the captured input is on {}",
+    throw_tree_error(path, fmt::format("is on {}, but the captured input is on {} (tensor device "
+                                       "does not match the initial device)",
                                        incoming.device()->name(), slot.device()->name()));
   }
 }
 
 void TracerCore::refresh(Tensor& slot, const Tensor& incoming, QueueId queue) {
-  if (incoming.on_device() && incoming.address() == slot.address() &&
-      incoming.is_contiguous()) {
+  if (incoming.is_keep_slot() ||
+      (incoming.on_device() && incoming.address() == slot.address() && incoming.is_contiguous())) {
     ++stats_.copies_skipped;
     return;
   }

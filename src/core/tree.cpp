@@ -17,6 +17,7 @@ std::string TreePath::to_string() const {
       case Kind::index: out += fmt::format("[{}]", node.index); break;
       case Kind::key: out += fmt::format("[\"{}\"]", node.name); break;
       case Kind::field: out += fmt::format(".{}", node.name); break;
+      case Kind::literal: out += fmt::format("[{}]", node.name); break;
     }
   }
   return out;
