@@ -121,8 +121,46 @@ bool same_scalar(const T& a, const T& b) {
   }
 }
 
-// Shared, non-template parts of the tracer. Movable: a moved-from core is idle and owns no
-// traces.
+class TracerCore;
+
+// What a language's tracer does for the core during a traced call: walk its own trees (a typed
+// C++ tree; Python objects). The core runs the steps of the contract in order
+// (TracerCore::capture, TracerCore::replay) and asks for these; any may throw unless noted.
+class TracedCall {
+ public:
+  // --- a capture ---
+  // Checks every input leaf (tensors through TracerCore::check_capture_input) before anything
+  // moves to a device.
+  virtual void check_inputs() = 0;
+  // Makes the input slots: each tensor leaf through TracerCore::place_capture_input.
+  virtual void place_inputs(QueueId queue) = 0;
+  // Runs the function on copies of the slots, with clones of their tensors when `clone`.
+  virtual void prep_run(bool clone, QueueId queue) = 0;
+  // Runs the function on the slots (the core is capturing) and holds its outputs.
+  virtual void invoke() = 0;
+  // Checks every output leaf (tensors through TracerCore::check_output).
+  virtual void check_outputs() = 0;
+  // Keeps the slots and the outputs as the tracer's own, in storage that does not move while
+  // the trace lives, and lists their tensors in walk order.
+  virtual void commit(std::vector<Tensor*>& slots, std::vector<Tensor*>& outputs) = 0;
+  // --- a replay ---
+  // Checks every incoming leaf against its slot (structure and values; tensors through
+  // TracerCore::check_replay_input) before anything changes, and lists the incoming tensors in
+  // the order of the slots' tensors (they stay valid until the call returns).
+  virtual void match(std::vector<const Tensor*>& incoming) = 0;
+  // --- both ---
+  // Runs the traces: TracerCore::execute (Python lets go of the interpreter around it).
+  virtual void execute(TracerCore& core, const CallOptions& options) = 0;
+  // The first run after a capture failed: the tracer releases its trace (release_trace).
+  virtual void release() noexcept = 0;
+
+ protected:
+  ~TracedCall() = default;
+};
+
+// Shared, non-template parts of the tracer: the one implementation of the contract's call
+// sequences, used by the C++ Tracer and the Python one. Movable: a moved-from core is idle and
+// owns no traces.
 class TracerCore {
  public:
   TracerCore(std::vector<Device*> devices, TraceOptions options);
@@ -158,16 +196,9 @@ class TracerCore {
   // slot of its own for the second (a copy), so later calls may pass two different tensors.
   void check_capture_input(const TreePath& path, const Tensor& tensor) const;
   [[nodiscard]] Tensor place_capture_input(const Tensor& tensor, QueueId queue);
-  void start_placing() noexcept { placed_.clear(); }
-  // Remembers the input slots' buffers, for the refresh hazard check below.
-  void set_slots(std::vector<const Buffer*> buffers);
-  // True when `incoming` is another leaf's slot: refreshing in order could overwrite it before
-  // it is read (two inputs swapped), so it is copied aside first.
-  [[nodiscard]] bool needs_snapshot(const Tensor& slot, const Tensor& incoming) const;
   void check_output(const TreePath& path, const Tensor& tensor) const;
-  // Replay-time check and refresh of one tensor leaf.
+  // Replay-time check of one tensor leaf.
   void check_replay_input(const TreePath& path, const Tensor& slot, const Tensor& incoming) const;
-  void refresh(Tensor& slot, const Tensor& incoming, QueueId queue);
   template <class T>
   void check_replay_scalar(const TreePath& path, const T& slot, const T& incoming) const {
     if (same_scalar(slot, incoming)) return;
@@ -178,25 +209,39 @@ class TracerCore {
                                        incoming, slot));
   }
 
-  void begin_capture(QueueId queue);
-  void end_capture(QueueId queue);
-  void abort_capture(QueueId queue) noexcept;
+  // A traced call: checks the devices and the call, then captures (the first traced call, or
+  // the first after release) or replays.
+  void call(const CallOptions& options, TracedCall& call, bool has_function);
+  // The first traced call: every input leaf checked before anything moves; the inputs placed
+  // (host tensors to the device, a tensor passed twice given a second slot); the prep run; the
+  // capture on every device (released again if the function or the output check throws); the
+  // slots and outputs committed; the first run (unless execute_on_capture is off).
+  void capture(const CallOptions& options, TracedCall& call, bool has_function);
+  // A later traced call: every incoming leaf checked before any slot changes; an incoming
+  // tensor that is another input's slot copied aside first; the slots refreshed; the replay;
+  // the outputs in the trace's memory stamped with its version.
+  void replay(const CallOptions& options, TracedCall& call);
+  // Runs the captured traces on every device (see CallOptions::blocking).
   void execute(const CallOptions& options);
-  void start_call() noexcept;
-  void note_replay() noexcept { ++stats_.replays; }
   void require_function(bool has_function, std::string_view what) const;
   void require_untraced_allowed(bool has_function) const;
   void require_captured(std::string_view what) const;
-  void mark_captured() noexcept;
-  // After a replay: every output in the trace's memory gets this replay's version, so a copy of
-  // an output taken before is found stale when it is read (see Tensor::replay_version()).
-  [[nodiscard]] bool stamps_output(const Tensor& output) const noexcept;
-  void stamp_output(Tensor& output) noexcept;
-  void next_version() noexcept { ++version_; }
-  // Releases the device traces; returns false if none was captured.
+  // Releases the device traces and forgets the slots and outputs; false if none was captured.
   bool release() noexcept;
 
  private:
+  void start_call() noexcept;
+  void begin_capture(QueueId queue);
+  void end_capture(QueueId queue);
+  void abort_capture(QueueId queue) noexcept;
+  void mark_captured() noexcept;
+  // Remembers the input slots' buffers, for the refresh hazard check (needs_snapshot).
+  void set_slots(std::vector<const Buffer*> buffers);
+  // After a run: every output in the trace's memory gets this run's version, so a copy of an
+  // output taken before is found stale when it is read (see Tensor::replay_version()).
+  [[nodiscard]] bool stamps_output(const Tensor& output) const noexcept;
+  void stamp_outputs() noexcept;
+
   std::vector<Device*> devices_;
   std::vector<std::shared_ptr<detail::DeviceLink>> links_;
   TraceOptions options_;
@@ -209,6 +254,17 @@ class TracerCore {
   TraceStats stats_;
   std::string reason_;
   std::uint64_t version_ = 0;  // replays run so far (captures included), for output versions
+  // The committed slots' and stamped outputs' tensors (in the tracer's own storage), and the
+  // scratch of a replay.
+  std::vector<Tensor*> slots_;
+  std::vector<Tensor*> stamped_;
+  std::vector<const Tensor*> incoming_;
+  std::vector<Tensor> snapshots_;
+
+  // True when `incoming` is another leaf's slot: refreshing in order could overwrite it before
+  // it is read (two inputs swapped), so it is copied aside first.
+  [[nodiscard]] bool needs_snapshot(const Tensor& slot, const Tensor& incoming) const;
+  void refresh(Tensor& slot, const Tensor& incoming, QueueId queue);
 };
 
 }  // namespace detail
@@ -239,7 +295,6 @@ class Tracer {
       function_ = std::move(other.function_);
       slots_ = std::move(other.slots_);
       outputs_ = std::move(other.outputs_);
-      stamped_ = std::move(other.stamped_);
     }
     return *this;
   }
@@ -251,11 +306,9 @@ class Tracer {
   const Outputs& operator()(const Args&... args) { return call(CallOptions{}, args...); }
 
   const Outputs& call(const CallOptions& options, const Args&... args) {
-    core_.require_devices_open("call");
-    core_.check_call(options);
-    core_.start_call();
-    if (core_.state() == TracerState::captured) return replay(options, args...);
-    return capture(options, args...);
+    Call steps(*this, std::forward_as_tuple(args...));
+    core_.call(options, steps, function_ != nullptr);
+    return *outputs_;
   }
 
   // Runs the function directly (no trace). Only before a capture.
@@ -304,7 +357,6 @@ class Tracer {
   // Frees the traces (idempotent); the next traced call captures again.
   void release_trace() noexcept {
     if (!core_.release()) return;
-    stamped_.clear();
     slots_.reset();
     outputs_.reset();
   }
@@ -312,170 +364,94 @@ class Tracer {
   void release_function() noexcept { function_.reset(); }
 
  private:
-  template <class F>
-  void for_each_input(F&& f, Inputs& slots, const Args&... incoming) {
-    const TreePath root = TreePath::root("args", "input");
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (visit_leaves(f, root.at(core_.position(I)), std::get<I>(slots), incoming), ...);
-    }(std::index_sequence_for<Args...>{});
-  }
+  // The tree walks of one traced call, for the core (detail::TracedCall).
+  class Call final : public detail::TracedCall {
+   public:
+    Call(Tracer& tracer, std::tuple<const Args&...> args) : t_(tracer), args_(args) {}
 
-  template <class F>
-  void for_each_argument(F&& f, Inputs& inputs) {
-    const TreePath root = TreePath::root("args", "input");
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (visit_leaves(f, root.at(core_.position(I)), std::get<I>(inputs)), ...);
-    }(std::index_sequence_for<Args...>{});
-  }
-
-  template <class F, class Tree>
-  void for_each_leaf(F&& f, Tree& tree, std::string_view label, std::string_view role) {
-    const TreePath root = TreePath::root(label, role);
-    visit_leaves(f, root, tree);
-  }
-
-  const Outputs& capture(const CallOptions& options, const Args&... args) {
-    core_.require_function(function_ != nullptr, "capture a trace");
-    // The ops of the prep run and of the capture go to the call's queue by default.
-    DefaultQueueScope queue_scope(options.queue);
-    auto inputs = std::make_unique<Inputs>(args...);
-    // Check every leaf before anything moves to a device.
-    for_each_argument(
-        [&](const TreePath& path, auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-            core_.check_capture_input(path, leaf);
-          }
-        },
-        *inputs);
-    core_.start_placing();
-    for_each_argument(
-        [&](const TreePath&, auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-            leaf = core_.place_capture_input(leaf, options.queue);
-          }
-        },
-        *inputs);
-    if (core_.options().prep_run) prep_run(*inputs, options.queue);
-
-    core_.begin_capture(options.queue);
-    std::unique_ptr<Outputs> outputs;
-    try {
-      outputs = std::make_unique<Outputs>(invoke_on(*inputs));
-      core_.end_capture(options.queue);
-    } catch (...) {
-      core_.abort_capture(options.queue);
-      throw;
+    void check_inputs() override {
+      inputs_ = std::make_unique<Inputs>(std::make_from_tuple<Inputs>(args_));
+      t_.for_each_tensor(*inputs_, [&](const TreePath& path, Tensor& leaf) {
+        t_.core_.check_capture_input(path, leaf);
+      });
     }
-    try {
-      for_each_leaf(
+    void place_inputs(QueueId queue) override {
+      t_.for_each_tensor(*inputs_, [&](const TreePath&, Tensor& leaf) {
+        leaf = t_.core_.place_capture_input(leaf, queue);
+      });
+    }
+    void prep_run(bool clone, QueueId queue) override {
+      Inputs copies = *inputs_;
+      if (clone) {
+        t_.for_each_tensor(copies, [&](const TreePath&, Tensor& leaf) { leaf = leaf.clone(queue); });
+      }
+      (void)t_.invoke_on(copies);
+    }
+    void invoke() override { outputs_ = std::make_unique<Outputs>(t_.invoke_on(*inputs_)); }
+    void check_outputs() override {
+      visit_leaves(
           [&](const TreePath& path, auto& leaf) {
             if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-              core_.check_output(path, leaf);
+              t_.core_.check_output(path, leaf);
             }
           },
-          *outputs, "outputs", "output");
-    } catch (...) {
-      core_.abort_capture(options.queue);
-      throw;
+          TreePath::root("outputs", "output"), *outputs_);
     }
-    slots_ = std::move(inputs);
-    outputs_ = std::move(outputs);
-    std::vector<const Buffer*> slot_buffers;
-    for_each_argument(
-        [&](const TreePath&, auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-            slot_buffers.push_back(leaf.buffer().get());
-          }
-        },
-        *slots_);
-    core_.set_slots(std::move(slot_buffers));
-    core_.mark_captured();
-    visit_leaves(
-        [&](const TreePath&, auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-            if (core_.stamps_output(leaf)) stamped_.push_back(&leaf);
-          }
-        },
-        TreePath::root("outputs", "output"), *outputs_);
-    if (options.execute_on_capture) {
-      try {
-        core_.execute(options);
-      } catch (...) {
-        release_trace();  // the trace never ran: do not leak it
-        throw;
-      }
-      stamp_outputs();
-    }
-    return *outputs_;
-  }
-
-  const Outputs& replay(const CallOptions& options, const Args&... args) {
-    // Every leaf is checked before any slot changes.
-    bool copies = false;
-    for_each_input(
-        [&](const TreePath& path, auto& slot, const auto& incoming) {
-          using Leaf = std::remove_cvref_t<decltype(slot)>;
-          if constexpr (std::is_same_v<Leaf, Tensor>) {
-            core_.check_replay_input(path, slot, incoming);
-            copies = copies || incoming.buffer() != slot.buffer();
-          } else if constexpr (std::is_same_v<Leaf, None>) {
-          } else {
-            core_.check_replay_scalar(path, slot, incoming);
-          }
-        },
-        *slots_, args...);
-    // An incoming tensor that is another input's slot is copied aside before any slot changes.
-    std::vector<std::pair<std::size_t, Tensor>> snapshots;
-    std::size_t leaf = 0;
-    if (copies) for_each_input(
-        [&](const TreePath&, auto& slot, const auto& incoming) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(slot)>, Tensor>) {
-            if (core_.needs_snapshot(slot, incoming)) {
-              snapshots.emplace_back(leaf, incoming.clone(options.queue));
+    void commit(std::vector<Tensor*>& slots, std::vector<Tensor*>& outputs) override {
+      t_.slots_ = std::move(inputs_);
+      t_.outputs_ = std::move(outputs_);
+      t_.for_each_tensor(*t_.slots_, [&](const TreePath&, Tensor& leaf) { slots.push_back(&leaf); });
+      visit_leaves(
+          [&](const TreePath&, auto& leaf) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
+              outputs.push_back(&leaf);
             }
-            ++leaf;
-          }
-        },
-        *slots_, args...);
-    leaf = 0;
-    std::size_t next_snapshot = 0;
-    for_each_input(
-        [&](const TreePath&, auto& slot, const auto& incoming) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(slot)>, Tensor>) {
-            const bool saved = next_snapshot < snapshots.size() &&
-                               snapshots[next_snapshot].first == leaf;
-            core_.refresh(slot, saved ? snapshots[next_snapshot++].second : incoming,
-                          options.queue);
-            ++leaf;
-          }
-        },
-        *slots_, args...);
-    core_.execute(options);
-    core_.note_replay();
-    stamp_outputs();
-    return *outputs_;
-  }
-
-  void stamp_outputs() noexcept {
-    core_.next_version();
-    for (Tensor* output : stamped_) core_.stamp_output(*output);
-  }
-
-  void prep_run(const Inputs& inputs, QueueId queue) {
-    const detail::PrepRunScope scope;
-    if (!core_.options().clone_prep_inputs) {
-      (void)invoke_on(inputs);
-      return;
+          },
+          TreePath::root("outputs", "output"), *t_.outputs_);
     }
-    Inputs clones = inputs;
-    for_each_argument(
-        [&](const TreePath&, auto& leaf) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
-            leaf = leaf.clone(queue);
-          }
-        },
-        clones);
-    (void)invoke_on(clones);
+    void match(std::vector<const Tensor*>& incoming) override {
+      const TreePath root = TreePath::root("args", "input");
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (visit_leaves(
+             [&](const TreePath& path, auto& slot, const auto& in) {
+               using Leaf = std::remove_cvref_t<decltype(slot)>;
+               if constexpr (std::is_same_v<Leaf, Tensor>) {
+                 t_.core_.check_replay_input(path, slot, in);
+                 incoming.push_back(&in);
+               } else if constexpr (!std::is_same_v<Leaf, None>) {
+                 t_.core_.check_replay_scalar(path, slot, in);
+               }
+             },
+             root.at(t_.core_.position(I)), std::get<I>(*t_.slots_), std::get<I>(args_)),
+         ...);
+      }(std::index_sequence_for<Args...>{});
+    }
+    void execute(detail::TracerCore& core, const CallOptions& options) override {
+      core.execute(options);
+    }
+    void release() noexcept override { t_.release_trace(); }
+
+   private:
+    Tracer& t_;
+    std::tuple<const Args&...> args_;
+    std::unique_ptr<Inputs> inputs_;    // the slots being made
+    std::unique_ptr<Outputs> outputs_;  // the outputs of the capture
+  };
+
+  // f(path, tensor) for every tensor leaf of an input tree.
+  template <class F>
+  void for_each_tensor(Inputs& inputs, F&& f) {
+    const TreePath root = TreePath::root("args", "input");
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (visit_leaves(
+           [&](const TreePath& path, auto& leaf) {
+             if constexpr (std::is_same_v<std::remove_cvref_t<decltype(leaf)>, Tensor>) {
+               f(path, leaf);
+             }
+           },
+           root.at(core_.position(I)), std::get<I>(inputs)),
+       ...);
+    }(std::index_sequence_for<Args...>{});
   }
 
   // The function gets copies of the input handles (a Tensor& parameter rebinding its tensor
@@ -495,7 +471,6 @@ class Tracer {
   // Heap-held, so references handed out stay valid when the tracer moves.
   std::unique_ptr<Inputs> slots_;
   std::unique_ptr<Outputs> outputs_;
-  std::vector<Tensor*> stamped_;  // the outputs in the trace's memory (inside *outputs_)
 };
 
 namespace detail {

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -225,10 +226,13 @@ class PyTracer {
       ~Done() { flag = false; }
     } done{busy_};
     if (!traced) return untraced(args, kwargs);
-    core_.require_devices_open("call");
-    core_.start_call();
-    if (core_.state() == TracerState::captured) return replay(options, args, kwargs);
-    return capture(options, args, kwargs);
+    Call steps(*this, std::move(args), std::move(kwargs));
+    struct DropOwned {
+      std::deque<Tensor>& owned;
+      ~DropOwned() { owned.clear(); }  // host tensors made from arrays for this call
+    } drop{owned_};
+    core_.call(options, steps, has_function());
+    return outputs_;
   }
 
   [[nodiscard]] bool trace_captured() const noexcept {
@@ -309,8 +313,6 @@ class PyTracer {
   void release_trace() noexcept {
     if (!core_.release()) return;
     count_live(device_ids_, -1);
-    slots_.clear();
-    stamped_.clear();
     args_ = {};
     kwargs_ = {};
     outputs_ = {};
@@ -475,98 +477,13 @@ class PyTracer {
     }
   }
 
-  nb::object capture(const CallOptions& options, nb::args args, nb::kwargs kwargs) {
-    core_.require_function(has_function(), "capture a trace");
-    DefaultQueueScope queue_scope(options.queue);
-    const TreePath args_root = TreePath::root("args", "input");
-    const TreePath kwargs_root = TreePath::root("kwargs", "input");
-    // Every leaf is checked before anything moves to a device.
-    nb::list checked_args;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      checked_args.append(check_input(args_root.at(i), args[i]));
-    }
-    nb::dict checked_kwargs;
-    for (auto [key, value] : kwargs) {
-      checked_kwargs[key] = check_input(kwargs_root.key(str_view(key)), value);
-    }
-    core_.start_placing();
-    // A device tensor that becomes its slot stays the caller's object: inputs[0] is x.
-    auto place = [&](nb::handle original, const Tensor& t) {
-      Tensor placed = core_.place_capture_input(t, options.queue);
-      if (original.is_valid() && placed.buffer() == t.buffer() &&
-          placed.address() == t.address() && placed.shape() == t.shape() &&
-          placed.is_contiguous() == t.is_contiguous()) {
-        return nb::borrow(original);
-      }
-      return nb::cast(std::move(placed));
-    };
-    nb::tuple slot_args = nb::borrow<nb::tuple>(map_tensors(nb::tuple(checked_args), place));
-    nb::dict slot_kwargs = nb::borrow<nb::dict>(map_tensors(checked_kwargs, place));
-
-    if (core_.options().prep_run) {
-      const retrace::detail::PrepRunScope prep_scope;  // random draws do not advance
-      if (core_.options().clone_prep_inputs) {
-        auto clone = [&](nb::handle, const Tensor& t) { return nb::cast(t.clone(options.queue)); };
-        nb::object prep_args = map_tensors(slot_args, clone);
-        nb::object prep_kwargs = map_tensors(slot_kwargs, clone);
-        (void)function_(*prep_args, **prep_kwargs);
-      } else {
-        (void)function_(*slot_args, **slot_kwargs);
-      }
-    }
-
-    core_.begin_capture(options.queue);
-    nb::object outputs;
-    try {
-      outputs = function_(*slot_args, **slot_kwargs);
-      core_.end_capture(options.queue);
-    } catch (...) {
-      core_.abort_capture(options.queue);
-      throw;
-    }
-    try {
-      check_outputs(TreePath::root("outputs", "output"), outputs);
-    } catch (...) {
-      core_.abort_capture(options.queue);
-      throw;
-    }
-    args_ = slot_args;
-    kwargs_ = slot_kwargs;
-    outputs_ = outputs;
-    slots_.clear();
-    collect_tensors(args_, slots_);
-    collect_tensors(kwargs_, slots_);
-    std::vector<const Buffer*> buffers;
-    buffers.reserve(slots_.size());
-    for (const Tensor* slot : slots_) buffers.push_back(slot->buffer().get());
-    core_.set_slots(std::move(buffers));
-    core_.mark_captured();
-    count_live(device_ids_, 1);
-    std::vector<Tensor*> outs;
-    collect_tensors(outputs_, outs);
-    stamped_.clear();
-    for (Tensor* t : outs) {
-      if (core_.stamps_output(*t)) stamped_.push_back(t);
-    }
-    if (options.execute_on_capture) {
-      try {
-        execute(options);
-      } catch (...) {
-        release_trace();
-        throw;
-      }
-      stamp();
-    }
-    return outputs_;
-  }
-
   // --- replay ----------------------------------------------------------------------------------
 
   void match(const TreePath& path, nb::handle slot, nb::handle value) {
     if (is_mesh_tensor(slot)) {
       if (value.is_none()) {  // None keeps the slots as they are
         for (std::size_t i = 0; i < mesh_ref(slot).shards().size(); ++i) {
-          incoming_.push_back(keep_slot());
+          incoming_->push_back(&keep_slot());
         }
         return;
       }
@@ -580,7 +497,7 @@ class PyTracer {
       }
       for (std::size_t i = 0; i < s.shards().size(); ++i) {
         core_.check_replay_input(path.at(i), s.shards()[i], in.shards()[i]);
-        incoming_.push_back(in.shards()[i]);
+        incoming_->push_back(&in.shards()[i]);
       }
       return;
     }
@@ -589,14 +506,14 @@ class PyTracer {
       if (is_tensor(value)) {
         const Tensor& in = tensor_ref(value);
         core_.check_replay_input(path, s, in);
-        incoming_.push_back(in);
+        incoming_->push_back(&in);
       } else if (value.is_none()) {
-        incoming_.push_back(keep_slot());  // the slot stays as it is
+        incoming_->push_back(&keep_slot());  // the slot stays as it is
       } else if (!is_scalar(value) && !PyTuple_Check(value.ptr()) && !PyList_Check(value.ptr()) &&
                  !PyDict_Check(value.ptr()) && !numpy_scalar(value) && is_array_like(value)) {
         Tensor host = host_for_slot(value, s, path);
         core_.check_replay_input(path, s, host);
-        incoming_.push_back(std::move(host));
+        incoming_->push_back(&owned_.emplace_back(std::move(host)));
       } else {
         type_mismatch(path, value, "tensor", py_type_repr(slot));
       }
@@ -679,15 +596,16 @@ class PyTracer {
                                                : std::string("dict keys should be the same")));
   }
 
-  nb::object replay(const CallOptions& options, nb::args args, nb::kwargs kwargs) {
+  // Replay: the call's leaves against the slots, the incoming tensors in slot order.
+  void match_call(nb::args args, nb::kwargs kwargs, std::vector<const Tensor*>& incoming) {
     const auto slot_args = nb::borrow<nb::tuple>(args_);
     if (args.size() != slot_args.size()) {
       throw_invalid_type(fmt::format("tracer '{}': expected {} positional args, got {} (a replay "
                                      "takes the arguments of the capturing call)",
                                      name(), slot_args.size(), args.size()));
     }
-    incoming_.clear();
-    // Every leaf is checked before any slot changes.
+    incoming_ = &incoming;
+    owned_.clear();
     const TreePath args_root = TreePath::root("args", "input");
     for (std::size_t i = 0; i < args.size(); ++i) match(args_root.at(i), slot_args[i], args[i]);
     if (PyDict_GET_SIZE(kwargs.ptr()) != 0 || PyDict_GET_SIZE(kwargs_.ptr()) != 0) {
@@ -700,36 +618,84 @@ class PyTracer {
         match(kwargs_root.key(str_view(key)), item, PyDict_GetItem(kwargs.ptr(), key));
       }
     }
-    // An incoming tensor that is another input's slot is copied aside before any slot changes.
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (incoming_[i].buffer() != slots_[i]->buffer() &&
-          core_.needs_snapshot(*slots_[i], incoming_[i])) {
-        incoming_[i] = incoming_[i].clone(options.queue);
+  }
+
+  // The tree walks of one traced call, for the core (detail::TracedCall).
+  class Call final : public detail::TracedCall {
+   public:
+    Call(PyTracer& tracer, nb::args args, nb::kwargs kwargs)
+        : t_(tracer), args_(std::move(args)), kwargs_(std::move(kwargs)) {}
+
+    void check_inputs() override {
+      const TreePath args_root = TreePath::root("args", "input");
+      const TreePath kwargs_root = TreePath::root("kwargs", "input");
+      nb::list checked;
+      for (std::size_t i = 0; i < args_.size(); ++i) {
+        checked.append(t_.check_input(args_root.at(i), args_[i]));
+      }
+      slot_args_ = nb::tuple(checked);
+      nb::dict checked_kwargs;
+      for (auto [key, value] : kwargs_) {
+        checked_kwargs[key] = t_.check_input(kwargs_root.key(str_view(key)), value);
+      }
+      slot_kwargs_ = checked_kwargs;
+    }
+    void place_inputs(QueueId queue) override {
+      // A device tensor that becomes its slot stays the caller's object: inputs[0] is x.
+      auto place = [&](nb::handle original, const Tensor& t) {
+        Tensor placed = t_.core_.place_capture_input(t, queue);
+        if (original.is_valid() && placed.buffer() == t.buffer() &&
+            placed.address() == t.address() && placed.shape() == t.shape() &&
+            placed.is_contiguous() == t.is_contiguous()) {
+          return nb::borrow(original);
+        }
+        return nb::cast(std::move(placed));
+      };
+      slot_args_ = map_tensors(slot_args_, place);
+      slot_kwargs_ = map_tensors(slot_kwargs_, place);
+    }
+    void prep_run(bool clone, QueueId queue) override {
+      if (!clone) {
+        (void)t_.function_(*slot_args_, **slot_kwargs_);
+        return;
+      }
+      auto copy = [&](nb::handle, const Tensor& t) { return nb::cast(t.clone(queue)); };
+      nb::object prep_args = map_tensors(slot_args_, copy);
+      nb::object prep_kwargs = map_tensors(slot_kwargs_, copy);
+      (void)t_.function_(*prep_args, **prep_kwargs);
+    }
+    void invoke() override { outputs_ = t_.function_(*slot_args_, **slot_kwargs_); }
+    void check_outputs() override {
+      t_.check_outputs(TreePath::root("outputs", "output"), outputs_);
+    }
+    void commit(std::vector<Tensor*>& slots, std::vector<Tensor*>& outputs) override {
+      t_.args_ = slot_args_;
+      t_.kwargs_ = slot_kwargs_;
+      t_.outputs_ = outputs_;
+      collect_tensors(t_.args_, slots);
+      collect_tensors(t_.kwargs_, slots);
+      collect_tensors(t_.outputs_, outputs);
+      count_live(t_.device_ids_, 1);
+    }
+    void match(std::vector<const Tensor*>& incoming) override {
+      t_.match_call(args_, kwargs_, incoming);
+    }
+    void execute(detail::TracerCore& core, const CallOptions& options) override {
+      if (options.blocking == Blocking::yes) {
+        nb::gil_scoped_release release;
+        core.execute(options);
+      } else {
+        core.execute(options);
       }
     }
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      core_.refresh(*slots_[i], incoming_[i], options.queue);
-    }
-    incoming_.clear();
-    execute(options);
-    core_.note_replay();
-    stamp();
-    return outputs_;
-  }
+    void release() noexcept override { t_.release_trace(); }
 
-  void execute(const CallOptions& options) {
-    if (options.blocking == Blocking::yes) {
-      nb::gil_scoped_release release;
-      core_.execute(options);
-    } else {
-      core_.execute(options);
-    }
-  }
-
-  void stamp() noexcept {
-    core_.next_version();
-    for (Tensor* output : stamped_) core_.stamp_output(*output);
-  }
+   private:
+    PyTracer& t_;
+    nb::args args_;
+    nb::kwargs kwargs_;
+    nb::object slot_args_, slot_kwargs_, outputs_;
+  };
 
   detail::TracerCore core_;
   nb::object function_;
@@ -737,9 +703,10 @@ class PyTracer {
   nb::object args_;    // tuple: the slots once captured
   nb::object kwargs_;  // dict
   nb::object outputs_;
-  std::vector<Tensor*> slots_;    // the tensors inside args_ and kwargs_, in walk order
-  std::vector<Tensor*> stamped_;  // the outputs in the trace's memory
-  std::vector<Tensor> incoming_;  // scratch of one replay
+  // A replay's scratch: the incoming tensors in slot order, and the host tensors made from
+  // arrays for it (a deque: their addresses stay put while it grows).
+  std::vector<const Tensor*>* incoming_ = nullptr;
+  std::deque<Tensor> owned_;
   std::vector<std::uint32_t> device_ids_;  // for Tracer._traces_live
   bool busy_ = false;             // a call is running
 };

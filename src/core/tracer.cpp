@@ -60,8 +60,12 @@ TracerCore::TracerCore(TracerCore&& other) noexcept
       begun_(std::exchange(other.begun_, 0)),
       stats_(other.stats_),
       reason_(std::move(other.reason_)),
-      version_(other.version_) {
+      version_(other.version_),
+      slots_(std::move(other.slots_)),
+      stamped_(std::move(other.stamped_)) {
   other.traces_.clear();
+  other.slots_.clear();
+  other.stamped_.clear();
 }
 
 TracerCore& TracerCore::operator=(TracerCore&& other) noexcept {
@@ -80,7 +84,94 @@ TracerCore& TracerCore::operator=(TracerCore&& other) noexcept {
   stats_ = other.stats_;
   reason_ = std::move(other.reason_);
   version_ = other.version_;
+  slots_ = std::move(other.slots_);
+  stamped_ = std::move(other.stamped_);
+  other.slots_.clear();
+  other.stamped_.clear();
   return *this;
+}
+
+// --- the call sequences -------------------------------------------------------------------------
+
+void TracerCore::call(const CallOptions& options, TracedCall& call, bool has_function) {
+  require_devices_open("call");
+  check_call(options);
+  start_call();
+  if (state_ == TracerState::captured) {
+    replay(options, call);
+  } else {
+    capture(options, call, has_function);
+  }
+}
+
+void TracerCore::capture(const CallOptions& options, TracedCall& call, bool has_function) {
+  require_function(has_function, "capture a trace");
+  // The ops of the prep run and of the capture go to the call's queue by default.
+  DefaultQueueScope queue_scope(options.queue);
+  call.check_inputs();  // every leaf, before anything moves to a device
+  placed_.clear();
+  call.place_inputs(options.queue);
+  if (options_.prep_run) {
+    const PrepRunScope scope;  // random draws leave their generators where they are
+    call.prep_run(options_.clone_prep_inputs, options.queue);
+  }
+  begin_capture(options.queue);
+  try {
+    call.invoke();
+    end_capture(options.queue);
+    call.check_outputs();
+  } catch (...) {
+    abort_capture(options.queue);
+    throw;
+  }
+  std::vector<Tensor*> outputs;
+  slots_.clear();
+  call.commit(slots_, outputs);
+  std::vector<const Buffer*> buffers;
+  buffers.reserve(slots_.size());
+  for (const Tensor* slot : slots_) buffers.push_back(slot->buffer().get());
+  set_slots(std::move(buffers));
+  mark_captured();
+  stamped_.clear();
+  for (Tensor* output : outputs) {
+    if (stamps_output(*output)) stamped_.push_back(output);
+  }
+  if (!options.execute_on_capture) return;
+  try {
+    call.execute(*this, options);
+  } catch (...) {
+    call.release();  // the trace never ran: do not leak it
+    throw;
+  }
+  stamp_outputs();
+}
+
+void TracerCore::replay(const CallOptions& options, TracedCall& call) {
+  incoming_.clear();
+  call.match(incoming_);  // every leaf checked: a rejected call changes nothing
+  RETRACE_CHECK(incoming_.size() == slots_.size(), failed_precondition,
+                "tracer '{}': the call has {} input tensors where the trace has {} slots",
+                options_.name, incoming_.size(), slots_.size());
+  // An incoming tensor that is another input's slot is copied aside before any slot changes.
+  snapshots_.clear();
+  snapshots_.reserve(slots_.size());
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (needs_snapshot(*slots_[i], *incoming_[i])) {
+      snapshots_.push_back(incoming_[i]->clone(options.queue));
+      incoming_[i] = &snapshots_.back();
+    }
+  }
+  for (std::size_t i = 0; i < slots_.size(); ++i) refresh(*slots_[i], *incoming_[i], options.queue);
+  incoming_.clear();
+  snapshots_.clear();
+  call.execute(*this, options);
+  ++stats_.replays;
+  stamp_outputs();
+}
+
+void TracerCore::stamp_outputs() noexcept {
+  ++version_;
+  for (Tensor* output : stamped_) detail::stamp_replay_version(*output, version_);
 }
 
 TraceStats TracerCore::stats() const {
@@ -384,10 +475,6 @@ bool TracerCore::stamps_output(const Tensor& output) const noexcept {
   return !std::binary_search(slot_buffers_.begin(), slot_buffers_.end(), buffer);
 }
 
-void TracerCore::stamp_output(Tensor& output) noexcept {
-  detail::stamp_replay_version(output, version_);
-}
-
 bool TracerCore::release() noexcept {
   if (state_ != TracerState::captured) return false;
   for (std::size_t i = 0; i < traces_.size(); ++i) {
@@ -401,6 +488,8 @@ bool TracerCore::release() noexcept {
   }
   log(LogLevel::debug, "tracer '{}': released {} trace(s)", options_.name, traces_.size());
   traces_.clear();
+  slots_.clear();
+  stamped_.clear();
   state_ = TracerState::idle;
   return true;
 }
