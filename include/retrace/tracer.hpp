@@ -264,6 +264,9 @@ class TracerCore {
   // True when `incoming` is another leaf's slot: refreshing in order could overwrite it before
   // it is read (two inputs swapped), so it is copied aside first.
   [[nodiscard]] bool needs_snapshot(const Tensor& slot, const Tensor& incoming) const;
+  // True when refreshing the slot from `incoming` copies nothing: it is the slot (passed back
+  // from inputs()) or keep_slot().
+  [[nodiscard]] static bool in_place(const Tensor& slot, const Tensor& incoming) noexcept;
   void refresh(Tensor& slot, const Tensor& incoming, QueueId queue);
 };
 

@@ -152,18 +152,26 @@ void TracerCore::replay(const CallOptions& options, TracedCall& call) {
   RETRACE_CHECK(incoming_.size() == slots_.size(), failed_precondition,
                 "tracer '{}': the call has {} input tensors where the trace has {} slots",
                 options_.name, incoming_.size(), slots_.size());
-  // An incoming tensor that is another input's slot is copied aside before any slot changes.
-  snapshots_.clear();
-  snapshots_.reserve(slots_.size());
-  for (std::size_t i = 0; i < slots_.size(); ++i) {
-    if (needs_snapshot(*slots_[i], *incoming_[i])) {
-      snapshots_.push_back(incoming_[i]->clone(options.queue));
-      incoming_[i] = &snapshots_.back();
+  // Inputs passed back from their slots (the usual loop) need nothing: one pass tells.
+  std::size_t first = 0;
+  while (first < slots_.size() && in_place(*slots_[first], *incoming_[first])) ++first;
+  stats_.copies_skipped += first;
+  if (first < slots_.size()) {
+    // An incoming tensor that is another input's slot is copied aside before any slot changes.
+    snapshots_.clear();
+    snapshots_.reserve(slots_.size());
+    for (std::size_t i = first; i < slots_.size(); ++i) {
+      if (needs_snapshot(*slots_[i], *incoming_[i])) {
+        snapshots_.push_back(incoming_[i]->clone(options.queue));
+        incoming_[i] = &snapshots_.back();
+      }
     }
+    for (std::size_t i = first; i < slots_.size(); ++i) {
+      refresh(*slots_[i], *incoming_[i], options.queue);
+    }
+    snapshots_.clear();
   }
-  for (std::size_t i = 0; i < slots_.size(); ++i) refresh(*slots_[i], *incoming_[i], options.queue);
   incoming_.clear();
-  snapshots_.clear();
   call.execute(*this, options);
   ++stats_.replays;
   stamp_outputs();
@@ -318,9 +326,13 @@ void TracerCore::check_replay_input(const TreePath& path, const Tensor& slot,
   }
 }
 
+bool TracerCore::in_place(const Tensor& slot, const Tensor& incoming) noexcept {
+  return incoming.is_keep_slot() || (incoming.on_device() && incoming.address() == slot.address() &&
+                                     incoming.is_contiguous());
+}
+
 void TracerCore::refresh(Tensor& slot, const Tensor& incoming, QueueId queue) {
-  if (incoming.is_keep_slot() ||
-      (incoming.on_device() && incoming.address() == slot.address() && incoming.is_contiguous())) {
+  if (in_place(slot, incoming)) {
     ++stats_.copies_skipped;
     return;
   }
