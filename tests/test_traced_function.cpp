@@ -311,5 +311,22 @@ TEST_F(TracedFunctionTest, CallsFromSeveralThreadsAreSerialised) {
   EXPECT_EQ(traced.stats().replays, 78u);
 }
 
+// The eviction order both languages use: least recently used first, never the newest, until
+// both bounds hold (a lone trace over max_trace_bytes stays: it is the newest).
+TEST(TraceBounds, ReleasesTheLeastRecentlyUsedUntilTheBoundsHold) {
+  using Entry = detail::TraceBounds::Entry;
+  detail::TraceBounds count(2, 0);
+  const std::vector<Entry> four = {{3, 10}, {1, 10}, {4, 10}, {2, 10}};
+  EXPECT_EQ(count.victims(four, 2), (std::vector<std::size_t>{1, 3}));
+  EXPECT_EQ(count.victims(four, 1), (std::vector<std::size_t>{3, 0}));  // the newest stays
+  detail::TraceBounds bytes(0, 25);
+  EXPECT_EQ(bytes.victims(four, 2), (std::vector<std::size_t>{1, 3}));
+  EXPECT_TRUE(bytes.victims(std::vector<Entry>{{1, 100}}, 0).empty());
+  detail::TraceBounds none(0, 0);
+  EXPECT_TRUE(none.victims(four, 0).empty());
+  const std::uint64_t earlier = none.touch();
+  EXPECT_LT(earlier, none.touch());
+}
+
 }  // namespace
 }  // namespace retrace

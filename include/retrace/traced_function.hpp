@@ -106,6 +106,32 @@ struct CacheKeyHash {
   std::size_t operator()(const CacheKey& key) const noexcept;
 };
 
+// The bounds on a set of traces (TraceOptions::max_traces, max_trace_bytes): which to release,
+// least recently used first, never the newest. The one implementation of the eviction order,
+// for the C++ wrappers (TraceCache) and the Python decorator.
+class TraceBounds {
+ public:
+  TraceBounds(std::size_t max_traces, std::size_t max_trace_bytes) noexcept
+      : max_traces_(max_traces), max_trace_bytes_(max_trace_bytes) {}
+  struct Entry {
+    std::uint64_t last_used;  // a stamp from touch()
+    std::size_t bytes;        // its trace memory
+  };
+  // A stamp later than every earlier one, for an entry used now.
+  [[nodiscard]] std::uint64_t touch() noexcept { return ++clock_; }
+  // The entries to release, in order (least recently used first), so that the others stay
+  // within the bounds; never `newest` (an index into entries).
+  [[nodiscard]] std::vector<std::size_t> victims(std::span<const Entry> entries,
+                                                 std::size_t newest) const;
+  [[nodiscard]] std::size_t max_traces() const noexcept { return max_traces_; }
+  [[nodiscard]] std::size_t max_trace_bytes() const noexcept { return max_trace_bytes_; }
+
+ private:
+  std::size_t max_traces_;
+  std::size_t max_trace_bytes_;
+  std::uint64_t clock_ = 0;
+};
+
 // The non-template part of a trace cache: bookkeeping, explanations, warnings.
 class CacheBook {
  public:
@@ -140,7 +166,8 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
  public:
   using Outputs = typename TracerT::Outputs;
 
-  explicit TraceCache(TraceOptions options) : book_(std::move(options)) {}
+  explicit TraceCache(TraceOptions options)
+      : book_(options), bounds_(options.max_traces, options.max_trace_bytes) {}
 
   // `owners`: the TraceOwners the key involves (their traces die with them).
   template <class MakeTracer, class PathOf, class... Ts>
@@ -148,7 +175,7 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
                       MakeTracer&& make_tracer, PathOf&& path_of, const Ts&... tree_args) {
     std::lock_guard lock(mutex_);
     if (auto it = entries_.find(key); it != entries_.end()) {
-      it->second.last_used = ++clock_;
+      it->second.last_used = bounds_.touch();
       const Outputs& outputs = it->second.tracer->call(CacheBook::tracer_call(call), tree_args...);
       ++book_.stats.replays;
       note_copies(*it->second.tracer);
@@ -164,7 +191,8 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
     std::unique_ptr<TracerT> tracer = make_tracer();
     (void)tracer->call(CacheBook::tracer_call(call), tree_args...);
     const std::size_t bytes = tracer->trace_bytes();
-    auto [it, inserted] = entries_.emplace(std::move(key), Entry{std::move(tracer), ++clock_, bytes});
+    auto [it, inserted] =
+        entries_.emplace(std::move(key), Entry{std::move(tracer), bounds_.touch(), bytes});
     for (TraceOwner* owner : owners) {
       if (owner != nullptr && owners_.insert(owner->trace_owner_id()).second) register_owner(*owner);
     }
@@ -249,26 +277,22 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
 
   // Releases least recently used traces (never the newest) while a bound is exceeded.
   void enforce_bounds(const CacheKey& newest) {
+    std::vector<typename decltype(entries_)::iterator> order;
+    std::vector<TraceBounds::Entry> entries;
+    std::size_t newest_index = 0;
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->first == newest) newest_index = order.size();
+      order.push_back(it);
+      entries.push_back({it->second.last_used, it->second.bytes});
+    }
     const TraceOptions& o = book_.options();
-    auto total_bytes = [&] {
-      std::size_t b = 0;
-      for (const auto& [k, e] : entries_) b += e.bytes;
-      return b;
-    };
-    while ((o.max_traces != 0 && entries_.size() > o.max_traces) ||
-           (o.max_trace_bytes != 0 && total_bytes() > o.max_trace_bytes && entries_.size() > 1)) {
-      auto victim = entries_.end();
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (it->first == newest) continue;
-        if (victim == entries_.end() || it->second.last_used < victim->second.last_used) victim = it;
-      }
-      if (victim == entries_.end()) break;
+    for (std::size_t victim : bounds_.victims(entries, newest_index)) {
       log(LogLevel::info,
           "{}: released the least recently used trace (key {}, {} bytes) to stay within "
           "max_traces={} and max_trace_bytes={}",
-          o.name, victim->first.key.to_string(), victim->second.bytes, o.max_traces,
-          o.max_trace_bytes);
-      entries_.erase(victim);
+          o.name, order[victim]->first.key.to_string(), order[victim]->second.bytes,
+          o.max_traces, o.max_trace_bytes);
+      entries_.erase(order[victim]);
       ++book_.stats.evictions;
     }
   }
@@ -277,7 +301,7 @@ class TraceCache : public std::enable_shared_from_this<TraceCache<TracerT>> {
   CacheBook book_;
   std::unordered_map<CacheKey, Entry, CacheKeyHash> entries_;
   std::unordered_set<std::uint64_t> owners_;  // owners whose destruction we hear of
-  std::uint64_t clock_ = 0;
+  TraceBounds bounds_;
 };
 
 // --- parameter classification for modes 2 and 3 ------------------------------------------------

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
@@ -231,12 +230,12 @@ class _CallPlan:
                 {k: value(s, args, kwargs) for k, s in self.kwargs})
 
 
-def _call(store: _TraceStore, tracer: _core.Tracer, args: tuple[Any, ...],
+def _call(store: _TraceStore, key: Any, tracer: _core.Tracer, args: tuple[Any, ...],
           kwargs: dict[str, Any]) -> Any:
     captured = tracer.trace_captured
     out = tracer(*args, **kwargs)
     if not captured:
-        store.trim_bytes()
+        store.enforce_bounds(key)
     return out
 
 
@@ -271,13 +270,14 @@ def _is_context(value: Any) -> bool:
 
 
 class _TraceStore:
-    """The tracers of one context (or one bound identity): by trace key, least recently used
-    first, within the decorator's bound."""
+    """The tracers of one context (or one bound identity) by trace key, within the decorator's
+    bounds. Which to release is decided by the C++ wrappers' own bounds (``_core._TraceBounds``):
+    least recently used first, never the newest."""
 
     def __init__(self, max_traces: int, max_trace_bytes: int) -> None:
-        self.max_traces = max_traces
-        self.max_trace_bytes = max_trace_bytes
-        self.tracers: OrderedDict[Any, _core.Tracer] = OrderedDict()
+        self.bounds = _core._TraceBounds(max_traces, max_trace_bytes)
+        self.tracers: dict[Any, _core.Tracer] = {}
+        self.last_used: dict[Any, int] = {}
         self.evictions = 0
 
     def get(self, key: Any, make: Callable[[], _core.Tracer]) -> _core.Tracer:
@@ -285,30 +285,24 @@ class _TraceStore:
         if tracer is None or (not tracer.trace_captured and not tracer.has_function):
             tracer = make()
             self.tracers[key] = tracer
-        self.tracers.move_to_end(key)
-        if self.max_traces:
-            while len(self.tracers) > self.max_traces:
-                self._evict_oldest()
+        self.last_used[key] = self.bounds.touch()
         return tracer
 
-    def trim_bytes(self) -> None:
-        """After a capture: releases the least recently used traces while the live ones hold more
-        than max_trace_bytes (the newest always stays)."""
-        if not self.max_trace_bytes:
-            return
-        while len(self.tracers) > 1 and sum(
-                t.trace_bytes for t in self.tracers.values()) > self.max_trace_bytes:
-            self._evict_oldest()
-
-    def _evict_oldest(self) -> None:
-        _, old = self.tracers.popitem(last=False)
-        old.release_trace()
-        self.evictions += 1
+    def enforce_bounds(self, newest: Any) -> None:
+        """After a capture: releases what the bounds say, least recently used first."""
+        keys = list(self.tracers)
+        entries = [(self.last_used.get(k, 0), self.tracers[k].trace_bytes) for k in keys]
+        for victim in self.bounds.victims(entries, keys.index(newest)):
+            key = keys[victim]
+            self.tracers.pop(key).release_trace()
+            self.last_used.pop(key, None)
+            self.evictions += 1
 
     def release(self) -> None:
         for tracer in self.tracers.values():
             tracer.release_trace()
         self.tracers.clear()
+        self.last_used.clear()
 
 
 def _default_tracer(store: _TraceStore) -> _core.Tracer | None:
@@ -317,8 +311,10 @@ def _default_tracer(store: _TraceStore) -> _core.Tracer | None:
     tracer = store.tracers.get(None)
     if tracer is not None:
         return tracer
-    auto = [t for k, t in store.tracers.items() if type(k) is tuple and len(k) == 2 and k[0] is None]
-    return auto[-1] if auto else None
+    auto = [k for k in store.tracers if type(k) is tuple and len(k) == 2 and k[0] is None]
+    if not auto:
+        return None
+    return store.tracers[max(auto, key=lambda k: store.last_used.get(k, 0))]
 
 
 class _TracerView(Mapping):
@@ -468,7 +464,7 @@ def traced_function(
                 tracer = store.get(
                     key, lambda: make_tracer(functools.partial(fn, **bind_values), dev))
                 call_kwargs_in.update(call_kwargs)
-                return _call(store, tracer, call_args, call_kwargs_in)
+                return _call(store, key, tracer, call_args, call_kwargs_in)
 
             # Mode 1: the first positional argument is the context.
             if args and _is_context(args[0]):
@@ -489,7 +485,7 @@ def traced_function(
                     dev = device(context) if callable(device) else device
                     return make_tracer(_bind_weakly(fn, context, label), dev)
 
-                return _call(store, store.get(key, make), rest, {**kwargs, **call_kwargs})
+                return _call(store, key, store.get(key, make), rest, {**kwargs, **call_kwargs})
             raise TypeError(
                 f"@traced_function: {label} was called with traced=True and device= was given at "
                 "decoration, but the first positional argument is not a context to bind (it is a "

@@ -6,8 +6,10 @@
 #include "retrace/mesh.hpp"
 
 #include "retrace/error.hpp"
+#include "retrace/traced_function.hpp"
 #include "retrace/tracer.hpp"
 
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -803,6 +805,25 @@ void bind_tracer(nb::module_& m) {
       .def("release_trace", &PyTracer::release_trace)
       .def("release_function", &PyTracer::release_function);
   tracer_class.attr("_traces_live") = traces_live();
+
+  // The eviction order of the traced_function decorator's trace stores: the C++ wrappers' own
+  // (detail::TraceBounds), not a copy.
+  nb::class_<detail::TraceBounds>(m, "_TraceBounds")
+      .def(nb::init<std::size_t, std::size_t>(), nb::arg("max_traces"), nb::arg("max_trace_bytes"))
+      .def("touch", &detail::TraceBounds::touch, "A stamp for an entry used now.")
+      .def(
+          "victims",
+          [](const detail::TraceBounds& bounds,
+             const std::vector<std::pair<std::uint64_t, std::size_t>>& entries,
+             std::size_t newest) {
+            std::vector<detail::TraceBounds::Entry> list;
+            list.reserve(entries.size());
+            for (const auto& [last_used, bytes] : entries) list.push_back({last_used, bytes});
+            return bounds.victims(list, newest);
+          },
+          nb::arg("entries"), nb::arg("newest"),
+          "Indices of the (last_used, bytes) entries to release, least recently used first, "
+          "to stay within the bounds; never `newest`.");
 
   // For the call-overhead benchmark: ns per call of a C++ Tracer of the same function as the
   // benchmark's Python one (N tensor leaves in, the same leaves out, inputs already in their

@@ -106,6 +106,28 @@ std::string CacheBook::explain(const CacheKey& key, const std::vector<const Cach
                      wanted.leaves.size(), nearest->leaves.size());
 }
 
+std::vector<std::size_t> TraceBounds::victims(std::span<const Entry> entries,
+                                              std::size_t newest) const {
+  std::size_t count = entries.size(), bytes = 0;
+  for (const Entry& e : entries) bytes += e.bytes;
+  std::vector<std::size_t> order(entries.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return entries[a].last_used < entries[b].last_used;
+  });
+  std::vector<std::size_t> out;
+  for (std::size_t i : order) {
+    const bool over = (max_traces_ != 0 && count > max_traces_) ||
+                      (max_trace_bytes_ != 0 && bytes > max_trace_bytes_ && count > 1);
+    if (!over) break;
+    if (i == newest) continue;
+    out.push_back(i);
+    --count;
+    bytes -= entries[i].bytes;
+  }
+  return out;
+}
+
 void CacheBook::note_call(bool captured) {
   constexpr std::size_t kWindow = 10;
   constexpr std::size_t kLimit = 5;
