@@ -48,11 +48,13 @@ class StateTensor:
     A trace reads fixed addresses, so a value that changes between replays (a timestep, a cache
     position) must be written into the same buffer. ``update(value, traced=True)`` copies into
     the existing buffer (shape and dtype must match); untraced, or on the first update, the state
-    rebinds to the new value.
+    rebinds to the new value. The rule is the C++ ``retrace::StateTensor``'s (one per shard of a
+    mesh tensor); this class turns Python values into tensors around it.
     """
 
     def __init__(self) -> None:
         self._data: Any = None
+        self._states: list[Any] = []  # _core._StateTensor: one, or one per mesh shard
         self._device: Any = None  # where array values go when update() is given no device
 
     @property
@@ -80,27 +82,34 @@ class StateTensor:
                     "StateTensor.update: device must be given for an array value "
                     "(the state has no device yet)")
             value = _to_device(value, device, dtype, mesh_axes)
-        elif isinstance(value, _core.Tensor) and value.on_host:
-            target = device if device is not None else (
-                self._data.device if isinstance(self._data, _core.Tensor) else None)
-            if target is None:
-                raise _core.InvalidArgument(
-                    "StateTensor.update: device must be given for a host tensor "
-                    "(the state has no device yet)")
-            value = _to_device(value, target, dtype, mesh_axes)
         if device is not None:
             self._device = device
+        if isinstance(value, _core.MeshTensor) or isinstance(self._data, _core.MeshTensor):
+            self._update_shards(value, traced)
+            return
+        if not self._states:
+            self._states = [_core._StateTensor()]
+        target = device if isinstance(device, _core.Device) else None
+        if self._states[0].update(value, traced, target):
+            self._data = value if not value.on_host else self._states[0].data
+
+    def _update_shards(self, value: Any, traced: bool) -> None:
+        """A mesh tensor state: the rule applied to every shard."""
         if self._data is None or not traced:
-            self._data = value
-        elif isinstance(self._data, _core.MeshTensor):
-            if not isinstance(value, _core.MeshTensor) or len(value.shards) != len(self._data.shards):
+            if not isinstance(value, _core.MeshTensor):
                 raise _core.InvalidArgument(
-                    f"StateTensor.update: the state is {self._data!r}; a traced update copies "
-                    f"into its shards, got {value!r}")
-            for new, old in zip(value.shards, self._data.shards):
-                _core.ops.copy(new, old)
-        else:
-            _core.ops.copy(value, self._data)
+                    f"StateTensor.update: a mesh tensor state takes mesh tensors, got {value!r}")
+            self._states = [_core._StateTensor() for _ in value.shards]
+            for state, shard in zip(self._states, value.shards):
+                state.update(shard, False)
+            self._data = value
+            return
+        if not isinstance(value, _core.MeshTensor) or len(value.shards) != len(self._states):
+            raise _core.InvalidArgument(
+                f"StateTensor.update: the state is {self._data!r}; a traced update copies into "
+                f"its shards, got {value!r}")
+        for state, shard in zip(self._states, value.shards):
+            state.update(shard, True)
 
     def __repr__(self) -> str:
         return f"StateTensor({self._data!r})"

@@ -6,6 +6,7 @@
 #include "retrace/mesh.hpp"
 
 #include "retrace/error.hpp"
+#include "retrace/state_tensor.hpp"
 #include "retrace/traced_function.hpp"
 #include "retrace/tracer.hpp"
 
@@ -805,6 +806,23 @@ void bind_tracer(nb::module_& m) {
       .def("release_trace", &PyTracer::release_trace)
       .def("release_function", &PyTracer::release_function);
   tracer_class.attr("_traces_live") = traces_live();
+
+  // retrace.StateTensor's rule (a traced update copies into the buffer, checked; otherwise it
+  // rebinds), the C++ StateTensor's own; retrace.StateTensor converts Python values around it.
+  nb::class_<StateTensor>(m, "_StateTensor")
+      .def(nb::init<>())
+      .def_prop_ro("data", [](const StateTensor& s) { return s.data(); })
+      .def(
+          "update",
+          [](StateTensor& s, const Tensor& value, bool traced, nb::handle device) {
+            const bool rebinds = !traced || !s.has_value();
+            Device* target = device.is_none() ? nullptr : &device_of(device, "StateTensor.update");
+            s.update(value, traced ? Traced::yes : Traced::no, target);
+            return rebinds;
+          },
+          nb::arg("value"), nb::arg("traced"), nb::arg("device") = nb::none(),
+          "Updates the state; True when it rebound to the value (untraced, or the first update), "
+          "False when it copied into its buffer.");
 
   // The eviction order of the traced_function decorator's trace stores: the C++ wrappers' own
   // (detail::TraceBounds), not a copy.
