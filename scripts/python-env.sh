@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${RETRACE_VENV:-.venv}
-requirements=("scikit-build-core>=0.10" "nanobind>=2.0" "numpy>=1.24" "pytest>=7")
+requirements=("scikit-build-core>=0.10" "nanobind>=2.0" "numpy>=1.24" "pytest>=7" "mypy>=1.5")
 if [[ ! -x "$venv/bin/python" ]]; then
   echo "python-env: creating $venv"
   python3 -m venv "$venv"

@@ -59,13 +59,13 @@ from ._core import (  # noqa: F401
     gather_shards,
     mpi,
 )
-from ._tracing import StateTensor, traced_function  # noqa: F401
+from ._tracing import StateTensor, TracedFunction, traced_function  # noqa: F401
 from ._mesh import mesh_map  # noqa: F401
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DType", "Layout", "Device", "Tensor", "Tracer", "Generator", "StateTensor", "traced_function",
+    "DType", "Layout", "Device", "Tensor", "Tracer", "Generator", "StateTensor", "TracedFunction", "traced_function",
     "Error", "InvalidArgument", "InvalidType", "FailedPrecondition", "CaptureViolation",
     "OutOfMemory", "DeviceError", "Unimplemented",
     "float32", "bfloat16", "float16", "int32", "uint32", "int64", "uint8", "bool_", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",

@@ -1,9 +1,13 @@
 """mesh_map: run a function on every member of a mesh, shard by shard."""
 
-from ._core import MeshTensor, InvalidArgument
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._core import MeshTensor, InvalidArgument, Tensor
 
 
-def mesh_map(fn, *args, placements=None):
+def mesh_map(fn: Callable[..., Tensor], *args: Any, placements: Any = None) -> MeshTensor:
     """Calls ``fn`` once per mesh member, with every MeshTensor argument replaced by that
     member's shard (other arguments are passed as they are); ``fn`` returns the member's Tensor.
     The results form a MeshTensor with ``placements`` (default: those of the first MeshTensor

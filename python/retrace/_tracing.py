@@ -28,7 +28,7 @@ import functools
 import inspect
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar, overload
 
 import numpy as _np
 
@@ -357,8 +357,46 @@ class _TracerView(Mapping):
         return f"{type(self).__name__}({dict(self.items())!r})"
 
 
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class TracedFunction(Protocol[R_co]):
+    """What ``@traced_function`` makes of a function returning R: called plain, or with
+    ``traced=True`` (and the call-time keywords) traced; with the decorator's introspection."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R_co: ...
+    def explain(self) -> str: ...
+    def tracers(self) -> list[_core.Tracer]: ...
+    def release_traces(self) -> None: ...
+    _tracers: Mapping[Any, _core.Tracer]
+    _tracers_keyed: Mapping[Any, dict[Any, _core.Tracer]]
+    _tracers_auto: Mapping[Any, _core.Tracer]
+
+
+@overload
+def traced_function(_fn: Callable[..., R], /) -> TracedFunction[R]: ...
+
+
+@overload
+def traced_function(
+    _fn: None = None,
+    /,
+    *,
+    device: Any = None,
+    inject_mesh_device: bool = False,
+    prep_run: bool = True,
+    clone_prep_inputs: bool = True,
+    auto_key: bool = False,
+    max_traces: int = 0,
+    max_trace_bytes: int = 0,
+    name: str | None = None,
+) -> Callable[[Callable[..., R]], TracedFunction[R]]: ...
+
+
 def traced_function(
     _fn: Callable[..., Any] | None = None,
+    /,
     *,
     device: Any = None,
     inject_mesh_device: bool = False,

@@ -166,7 +166,7 @@ void bind_mesh(nb::module_& m) {
       .def_prop_ro("devices", &PyMesh::devices, "The member devices, in mesh order.")
       .def(
           "member", [](const PyMesh& p, std::size_t i) { return p.devices()[i]; },
-          nb::arg("index"))
+          nb::arg("index"), nb::sig("def member(self, index: int) -> Device"))
       .def("coords", [](const PyMesh& p, std::size_t i) {
         nb::list c;
         for (std::size_t x : p.get("MeshDevice.coords").coords(i)) c.append(x);
@@ -181,7 +181,8 @@ void bind_mesh(nb::module_& m) {
       .def("close", &PyMesh::close,
            "Fails collectives still waiting, then closes every member. Idempotent.")
       .def("__len__", [](const PyMesh& p) { return p.mesh().size(); })
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> MeshDevice"))
       .def("__exit__", [](PyMesh& p, nb::args) { p.close(); })
       .def("__repr__", [](const PyMesh& p) {
         return fmt::format("MeshDevice({}{})", p.mesh().name(),

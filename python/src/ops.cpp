@@ -38,11 +38,16 @@ std::vector<Tensor> tensor_list(nb::handle tensors, std::string_view what) {
 }
 
 // The result, or `out` after an out= call.
+// A tensor result as a Python object (typed Tensor in the stubs).
+using TensorObject = nb::typed<nb::object, Tensor>;
+TensorObject tensor_object(Tensor t) { return nb::borrow<TensorObject>(nb::cast(std::move(t))); }
+
 template <class Make, class Into>
-nb::object with_out(nb::handle out, Make&& make, Into&& into, std::string_view what) {
-  if (out.is_none()) return nb::cast(make());
+TensorObject with_out(nb::handle out, Make&& make, Into&& into,
+                                       std::string_view what) {
+  if (out.is_none()) return tensor_object(make());
   into(tensor_arg(out, what, "out"));
-  return nb::borrow(out);
+  return nb::borrow<nb::typed<nb::object, Tensor>>(out);
 }
 
 template <auto TensorOp, auto ScalarOp, auto TensorOut, auto ScalarOut>
@@ -166,11 +171,11 @@ void bind_ops(nb::module_& m) {
             RETRACE_CHECK(shape.is_none(), invalid_argument,
                           "{}: give a shape or out=, not both", name);
             into(gen, tensor_arg(out, name, "out"), q);
-            return nb::borrow(out);
+            return nb::borrow<TensorObject>(out);
           }
           const auto dims = int_list(shape, name, "shape");
-          return nb::cast(make(Shape(std::span<const std::int64_t>(dims)), gen,
-                               dtype.is_none() ? DType::float32 : parse_dtype(dtype), q));
+          return tensor_object(make(Shape(std::span<const std::int64_t>(dims)), gen,
+                                    dtype.is_none() ? DType::float32 : parse_dtype(dtype), q));
         },
         nb::arg("shape") = nb::none(), nb::kw_only(), nb::arg("generator"),
         nb::arg("dtype") = nb::none(), nb::arg("out") = nb::none(), nb::arg("queue") = nb::none(),
@@ -194,7 +199,7 @@ void bind_ops(nb::module_& m) {
         if (!nb::isinstance<Tensor>(b)) {                                                  \
           RETRACE_CHECK(out.is_none(), invalid_argument,                                   \
                         #name ": out= takes a tensor b, not a scalar");                    \
-          return nb::cast(ops::name(a, nb::cast<double>(b), q));                           \
+          return tensor_object(ops::name(a, nb::cast<double>(b), q));                           \
         }                                                                                  \
         const Tensor& bt = *nb::inst_ptr<Tensor>(b);                                       \
         return with_out(out, [&] { return ops::name(a, bt, q); },                          \

@@ -570,7 +570,8 @@ void bind_tensors(nb::module_& m) {
       .def("close", &PyDevice::close,
            "Waits for queued work and closes the device; tensors and tracers on it then raise "
            "FailedPrecondition.")
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> Device"))
       .def("__exit__", [](PyDevice& d, nb::args) { d.close(); })
       .def("__repr__", [](const PyDevice& d) {
         return fmt::format("Device({}{})", d.name(), d.closed() ? ", closed" : "");
@@ -617,6 +618,7 @@ void bind_tensors(nb::module_& m) {
       .def_prop_ro("on_host", &Tensor::on_host)
       .def_prop_ro("on_device", &Tensor::on_device)
       .def_prop_ro("device", [](const Tensor& t) { return PyDevice::find(t.device()); },
+                   nb::for_getter(nb::sig("def device(self) -> Device | None")),
                    "The Device holding the storage (None for host tensors).")
       .def_prop_ro("address", &Tensor::address)
       .def("__getitem__", &index_view, nb::arg("key"),
@@ -648,6 +650,7 @@ void bind_tensors(nb::module_& m) {
         return t.shape()[0];
       })
       .def("numpy", &tensor_numpy, nb::arg("queue") = nb::none(),
+           nb::sig("def numpy(self, queue: int | None = None) -> numpy.typing.NDArray[typing.Any]"),
            "The values as a numpy array: a view of a host tensor's memory, else a copy "
            "(bfloat16 comes out as float32).")
       .def(
@@ -663,7 +666,9 @@ void bind_tensors(nb::module_& m) {
             if (!dtype.is_none()) array = array.attr("astype")(dtype);
             return array;
           },
-          nb::arg("dtype") = nb::none(), nb::arg("copy") = nb::none())
+          nb::arg("dtype") = nb::none(), nb::arg("copy") = nb::none(),
+          nb::sig("def __array__(self, dtype: object | None = None, copy: bool | None = None) "
+                  "-> numpy.typing.NDArray[typing.Any]"))
       .def(
           "__dlpack__",
           [](const Tensor& t, nb::kwargs kwargs) {
@@ -687,7 +692,8 @@ void bind_tensors(nb::module_& m) {
       .def(
           "to_host", [](const Tensor& t, nb::handle queue) { return t.to_host(parse_queue(queue)); },
           nb::arg("queue") = nb::none())
-      .def("tolist", [](const Tensor& t) { return tensor_numpy(t, nb::none()).attr("tolist")(); })
+      .def("tolist", [](const Tensor& t) { return tensor_numpy(t, nb::none()).attr("tolist")(); },
+           nb::sig("def tolist(self) -> typing.Any"))
       .def("__repr__", &Tensor::to_string)
       // Arithmetic operators are the ops (numpy broadcasting; a number on either side).
       .def("__add__", [](const Tensor& a, nb::handle b) { return binary_operator(a, b, "add"); })

@@ -784,12 +784,15 @@ void bind_tracer(nb::module_& m) {
            nb::arg("devices") = nb::none(), nb::arg("prep_run") = true,
            nb::arg("clone_prep_inputs") = true, nb::arg("name") = "")
       .def("__call__", &PyTracer::call,
+           nb::sig("def __call__(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any"),
            "tracer(*args, traced=True, tracer_cq_id=0, tracer_blocking_execution=True, "
            "tracer_execute_on_capture=True, **kwargs)")
       .def_prop_ro("trace_captured", &PyTracer::trace_captured)
       .def_prop_ro("has_function", &PyTracer::has_function)
-      .def_prop_ro("inputs", &PyTracer::inputs)
-      .def_prop_ro("outputs", &PyTracer::outputs)
+      .def_prop_ro("inputs", &PyTracer::inputs,
+                   nb::for_getter(nb::sig("def inputs(self) -> dict[int | str, typing.Any]")))
+      .def_prop_ro("outputs", &PyTracer::outputs,
+                   nb::for_getter(nb::sig("def outputs(self) -> typing.Any")))
       .def_prop_ro("stats", &PyTracer::stats)
       .def_prop_ro("last_capture_reason", &PyTracer::last_capture_reason)
       .def_prop_ro("trace_bytes", &PyTracer::trace_bytes)
