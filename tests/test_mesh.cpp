@@ -3,8 +3,8 @@
 #include "mesh_battery.hpp"
 #include "support.hpp"
 
-#include "core/collective.hpp"
-#include "core/mesh_state.hpp"
+#include "retrace/backend/collective.hpp"
+#include "retrace/backend/mesh.hpp"
 
 #include "retrace/cpu.hpp"
 #include "retrace/mesh.hpp"

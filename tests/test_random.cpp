@@ -3,7 +3,7 @@
 // shape-independence), traces (a replay draws new numbers, the same as eager from the same seed
 // and offset, bit for bit), and the errors.
 #include "support.hpp"
-#include "util/philox.hpp"
+#include "retrace/backend/philox.hpp"
 
 #include <bit>
 #include <cmath>

@@ -134,6 +134,10 @@ class Backend {
   Device* device_ = nullptr;
 };
 
+// The bytes of memory a device of `bytes` manages with this allocation alignment: what the
+// backend's region should hold (rounded as the device's allocator rounds it).
+[[nodiscard]] std::size_t device_memory_capacity(std::size_t bytes, std::size_t alignment);
+
 // A device on a backend (the backends' open_* functions call this).
 [[nodiscard]] std::unique_ptr<Device> make_device(std::unique_ptr<Backend> backend,
                                                   const DeviceOptions& options);
@@ -146,6 +150,9 @@ template <class B>
 }
 
 namespace detail {
+// "1.50 MiB": byte counts in messages.
+[[nodiscard]] std::string human_bytes(std::size_t bytes);
+
 // Collectives on host-visible memory (CollectiveParams, the kernel `collective`), for backends
 // whose kernels run on host threads (the CPU device). A backend runs each member's part on the
 // queue the collective was enqueued on, never on a thread that enqueues or waits for the

@@ -1,6 +1,6 @@
 #include "retrace/tensor.hpp"
 #include "retrace/round_to_odd.hpp"
-#include "util/float_to_int.hpp"
+#include "retrace/backend/float_to_int.hpp"
 
 #include "retrace/dtype_dispatch.hpp"
 #include "retrace/error.hpp"

@@ -2,7 +2,7 @@
 // unpack their parameters and call these, and the benchmarks call them directly as the floor.
 #pragma once
 
-#include "core/apply_binary.hpp"
+#include "retrace/backend/apply_binary.hpp"
 #include "retrace/bfloat16.hpp"
 #include "retrace/float16.hpp"
 #include "retrace/round_to_odd.hpp"

@@ -6,7 +6,7 @@
 #include "cpu/parallel.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/error.hpp"
-#include "util/philox.hpp"
+#include "retrace/backend/philox.hpp"
 
 #include <algorithm>
 #include <array>

@@ -3,7 +3,7 @@
 #include "cpu/elementwise.hpp"
 #include "cpu/kernels_internal.hpp"
 #include "cpu/parallel.hpp"
-#include "util/float_to_int.hpp"
+#include "retrace/backend/float_to_int.hpp"
 #include "retrace/error.hpp"
 
 #include <cstring>

@@ -2,8 +2,8 @@
 // cuda/collective.hpp). Built without NCCL, such lines refuse collectives with a reason.
 #include "cuda/collective.hpp"
 
-#include "core/collective.hpp"
-#include "core/mesh_state.hpp"
+#include "retrace/backend/collective.hpp"
+#include "retrace/backend/mesh.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/relaxed.hpp"

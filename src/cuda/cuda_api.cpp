@@ -1,5 +1,5 @@
 // The public functions of retrace/cuda.hpp.
-#include "core/arena.hpp"
+#include "retrace/backend.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/relaxed.hpp"
@@ -49,7 +49,7 @@ std::unique_ptr<Device> open_cuda_device(const CudaDeviceOptions& options) {
                 "open_cuda_device: memory_bytes must be positive");
   RETRACE_CUDA_CHECK(cudaSetDevice(options.ordinal), "open_cuda_device: making GPU {} current",
                      options.ordinal);
-  const std::size_t bytes = detail::Arena::round_capacity(options.memory_bytes, 256);
+  const std::size_t bytes = device_memory_capacity(options.memory_bytes, 256);
   void* region = nullptr;
   cuda::RelaxedCapture relaxed;  // another device may be capturing on this thread
   if (const cudaError_t e = cudaMalloc(&region, bytes); e != cudaSuccess) {

@@ -1,11 +1,11 @@
 // Elementwise CUDA kernels: fill, binary (broadcasting), binary with a scalar, unary, typecast.
 // Contiguous float32 loops use 16-byte (float4) accesses when the pointers and the length allow
 // it; everything else is a grid-stride loop over elements.
-#include "core/apply_binary.hpp"
+#include "retrace/backend/apply_binary.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels_cuda.hpp"
-#include "util/float_to_int.hpp"
-#include "util/philox.hpp"
+#include "retrace/backend/float_to_int.hpp"
+#include "retrace/backend/philox.hpp"
 
 #include <type_traits>
 

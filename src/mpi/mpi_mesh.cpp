@@ -3,8 +3,8 @@
 // other whole-mesh calls over a duplicate of MPI_COMM_WORLD (MpiProcesses).
 #include "retrace/mpi.hpp"
 
-#include "core/collective.hpp"
-#include "core/mesh_state.hpp"
+#include "retrace/backend/collective.hpp"
+#include "retrace/backend/mesh.hpp"
 #include "retrace/error.hpp"
 #include "retrace/registry.hpp"
 #include "util/cpus.hpp"

@@ -2,7 +2,7 @@
 // Private to the core (include/retrace/device.hpp shows users none of it).
 #pragma once
 
-#include "core/arena.hpp"
+#include "device/arena.hpp"
 #include "retrace/backend.hpp"
 
 #include <atomic>

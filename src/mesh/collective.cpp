@@ -1,4 +1,4 @@
-#include "core/collective.hpp"
+#include "retrace/backend/collective.hpp"
 
 #include "retrace/backend.hpp"
 #include "retrace/bfloat16.hpp"

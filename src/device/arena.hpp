@@ -13,6 +13,7 @@
 // All methods are thread-safe.
 #pragma once
 
+#include "retrace/backend.hpp"
 #include "retrace/device.hpp"
 
 #include <cstddef>
@@ -33,9 +34,6 @@ struct BlockInfo {
   std::size_t size = 0;          // bytes usable by the caller
   std::optional<TraceId> trace;  // the trace pool the block came from, if any
 };
-
-// "1.50 MiB": byte counts in messages.
-[[nodiscard]] std::string human_bytes(std::size_t bytes);
 
 class Arena {
  public:

@@ -1,4 +1,5 @@
-#include "core/arena.hpp"
+#include "device/arena.hpp"
+#include "retrace/backend.hpp"
 
 #include "retrace/error.hpp"
 
@@ -230,3 +231,11 @@ void Arena::fill_stats(DeviceStats& stats) const {
 }
 
 }  // namespace retrace::detail
+
+namespace retrace {
+
+std::size_t device_memory_capacity(std::size_t bytes, std::size_t alignment) {
+  return detail::Arena::round_capacity(bytes, alignment);
+}
+
+}  // namespace retrace

@@ -2,7 +2,7 @@
 // transports (shared memory here, MPI in retrace::mpi) build it through make_mesh_state.
 #pragma once
 
-#include "core/collective.hpp"
+#include "retrace/backend/collective.hpp"
 #include "retrace/device.hpp"
 #include "retrace/error.hpp"
 #include "retrace/mesh.hpp"
@@ -120,5 +120,10 @@ bool register_collective_transport(std::string backend, DeviceGroupFactory facto
     std::vector<std::string> member_names, std::vector<std::size_t> shape, MeshOptions options,
     const GroupFactory& groups, std::unique_ptr<MeshProcesses> processes,
     std::string_view prefix = "mesh");
+
+// The extent of dimension `dim` of `shape` on each of the `members` of mesh axis `axis`
+// (invalid_argument naming `what` when it does not split evenly).
+[[nodiscard]] std::int64_t split_extent(std::string_view what, const Shape& shape,
+                                        std::size_t dim, std::size_t axis, std::size_t members);
 
 }  // namespace retrace::detail

@@ -1,6 +1,6 @@
 // Device: the protocol every backend shares (checks, capture state machine, allocator and pools,
 // trace records, counters, closing), on top of a Backend that moves bytes and runs kernels.
-#include "core/device_core.hpp"
+#include "device/device_core.hpp"
 #include "retrace/backend.hpp"
 #include "retrace/error.hpp"
 #include "util/timing.hpp"
