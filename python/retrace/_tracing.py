@@ -411,7 +411,8 @@ def traced_function(
     and replays afterwards; ``f(...)`` is a plain call. See the module documentation for the
     three device modes and the call-time keywords."""
     if inject_mesh_device and device is not None:
-        raise ValueError("@traced_function: inject_mesh_device=True cannot be combined with device=")
+        raise ValueError("@traced_function: inject_mesh_device=True is mutually exclusive with "
+                         "device= (the device comes from one or the other)")
     if max_traces < 0 or max_trace_bytes < 0:
         raise ValueError("@traced_function: max_traces and max_trace_bytes must be >= 0, got "
                          f"{max_traces} and {max_trace_bytes}")
@@ -422,15 +423,15 @@ def traced_function(
         label = name or getattr(fn, "__qualname__", "traced function")
         if inject_mesh_device and mesh_param is not None:
             raise ValueError(
-                f"@traced_function: {label} has a {mesh_param!r} parameter, and "
-                "inject_mesh_device=True would add one too; rename the parameter or drop "
+                f"@traced_function: {label} declares a {mesh_param!r} parameter but "
+                "inject_mesh_device=True would also add one; rename the parameter or drop "
                 "inject_mesh_device=True (the parameter is then found by its name)")
         if device is None and not inject_mesh_device and mesh_param is None:
             raise ValueError(
-                f"@traced_function: {label} has no device: pass device= (a Device, or a "
-                "callable on the bound context such as lambda self: self.device), declare a "
-                f"parameter named one of {_MESH_DEVICE_PARAM_NAMES}, or use "
-                "inject_mesh_device=True")
+                f"@traced_function: {label} was decorated without device= and has no parameter "
+                f"named any of {_MESH_DEVICE_PARAM_NAMES}: pass device= (a Device, or a "
+                "callable on the bound context such as lambda self: self.device), declare such a "
+                "parameter, or use inject_mesh_device=True")
 
         by_context: weakref.WeakKeyDictionary[Any, _TraceStore] = weakref.WeakKeyDictionary()
         by_identity: dict[tuple[int, ...], tuple[tuple[Any, ...], _TraceStore]] = {}
@@ -459,7 +460,7 @@ def traced_function(
                 if len(supplied) > 1:
                     raise TypeError(
                         f"@traced_function: {label}: pass only one of "
-                        f"{_MESH_DEVICE_PARAM_NAMES}, got both")
+                        f"{_MESH_DEVICE_PARAM_NAMES} as the injected mesh-device kwarg, got both")
                 if supplied:
                     injected = supplied[0][1]
             if not traced:
@@ -482,7 +483,8 @@ def traced_function(
                         value = bound.arguments.get(mesh_param)
                         raise TypeError(
                             f"@traced_function: {label}: {mesh_param!r} must be a retrace.Device, "
-                            f"got {type(value).__name__}")
+                            f"got {type(value).__name__} (expected {mesh_param!r} to be a "
+                            f"non-tracer-valid value, got {type(value).__name__}={value!r})")
                 # How this call shape maps onto the parameters: worked out once per shape.
                 shape = (len(args), tuple(kwargs))
                 plan = plans.get(shape)
@@ -493,8 +495,9 @@ def traced_function(
                 if inject_mesh_device:
                     if injected is _OMITTED:
                         raise TypeError(
-                            f"@traced_function: {label} was called with traced=True but without "
-                            f"one of {_MESH_DEVICE_PARAM_NAMES} (inject_mesh_device=True)")
+                            f"@traced_function: {label} was called with traced=True but none of "
+                            f"{_MESH_DEVICE_PARAM_NAMES} were supplied as kwargs (required when "
+                            "inject_mesh_device=True)")
                     dev = injected
                     identity_values = (dev, *bind_values.values())
                 else:
@@ -534,10 +537,10 @@ def traced_function(
 
                 return _call(store, key, store.get(key, make), rest, {**kwargs, **call_kwargs})
             raise TypeError(
-                f"@traced_function: {label} was called with traced=True and device= was given at "
-                "decoration, but the first positional argument is not a context to bind (it is a "
-                "traced input or absent); standalone functions declare a 'mesh_device' or "
-                "'device' parameter instead")
+                f"@traced_function: {label} was called with traced=True, but device= was provided "
+                "at decoration time and the first positional argument is not a bindable context "
+                "(it is a traced input or absent); standalone functions declare a 'mesh_device' "
+                "or 'device' parameter instead")
 
         def tracers() -> list[_core.Tracer]:
             out = []

@@ -365,12 +365,12 @@ class PyTracer {
 
   nb::object untraced(nb::args args, nb::kwargs kwargs) {
     RETRACE_CHECK(has_function(), failed_precondition,
-                  "tracer '{}': untraced execution is not possible after the function was "
-                  "released (release_function)",
+                  "tracer '{}': untraced execution is not possible after the captured function "
+                  "has been released (release_function)",
                   name());
     RETRACE_CHECK(!trace_captured(), failed_precondition,
-                  "tracer '{}': untraced execution is not allowed once a trace is captured "
-                  "(call release_trace() first)",
+                  "tracer '{}': untraced execution is not allowed after the trace has been "
+                  "captured (call release_trace() first)",
                   name());
     args_ = args;
     kwargs_ = kwargs;

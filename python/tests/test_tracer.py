@@ -168,7 +168,7 @@ def test_untraced_and_release(device):
     np.testing.assert_array_equal(tracer(x, traced=False).numpy(), [2])
     assert tracer.inputs == {0: x}
     tracer(x)
-    with pytest.raises(retrace.FailedPrecondition, match="not allowed once a trace is captured"):
+    with pytest.raises(retrace.FailedPrecondition, match="untraced execution is not allowed after the trace has been captured"):
         tracer(x, traced=False)
     assert device.live_traces() == 1
     tracer.release_trace()

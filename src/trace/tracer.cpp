@@ -229,7 +229,9 @@ void TracerCore::check_capture_input(const TreePath& path, const Tensor& tensor)
   if (tensor.on_host()) {
     if (devices_.size() == 1) return;
     throw_tree_error(path, fmt::format("is a host tensor; a tracer over several devices ({}) "
-                                       "needs its inputs on a device",
+                                       "needs its inputs on a device (host tensors are not "
+                                       "supported during capture when the tracer manages "
+                                       "multiple devices)",
                                        device_names(devices_)));
   }
   const Device* device = tensor.device();
@@ -238,7 +240,8 @@ void TracerCore::check_capture_input(const TreePath& path, const Tensor& tensor)
                  tensor.buffer()->link().name);
   }
   if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
-    throw_tree_error(path, fmt::format("is on {}, which is not a device of tracer '{}' ({})",
+    throw_tree_error(path, fmt::format("is on {}, which is not a device of tracer '{}' ({}): its "
+                                       "device does not match any tracer device",
                                        device->name(), options_.name, device_names(devices_)));
   }
 }
@@ -460,7 +463,8 @@ void TracerCore::execute(const CallOptions& options) {
 
 void TracerCore::require_function(bool has_function, std::string_view what) const {
   RETRACE_CHECK(has_function, failed_precondition,
-                "tracer '{}' cannot {}: the function was released with release_function()",
+                "tracer '{}' cannot {}: the function was released with release_function() (a "
+                "tracer cannot be reused after the trace was released without its function)",
                 options_.name, what);
 }
 
