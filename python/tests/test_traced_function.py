@@ -148,7 +148,7 @@ def test_decoration_errors(device):
         @retrace.traced_function
         def no_device(x):
             return x
-    with pytest.raises(ValueError, match="has a 'mesh_device' parameter"):
+    with pytest.raises(ValueError, match="declares a 'mesh_device' parameter but inject_mesh_device=True would also add one"):
         @retrace.traced_function(inject_mesh_device=True)
         def both(x, mesh_device):
             return x
