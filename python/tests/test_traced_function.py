@@ -157,7 +157,7 @@ def test_decoration_errors(device):
     def standalone(x):
         return x
 
-    with pytest.raises(TypeError, match="not a context to bind"):
+    with pytest.raises(TypeError, match="is not a bindable context"):
         standalone(dev(device, [1]), traced=True)
 
 
