@@ -96,5 +96,86 @@ TEST(KernelThreadsUnderLoad, KernelsKeepTheirBitsWhileOtherThreadsHogTheCpus) {
   EXPECT_EQ(testing::float_bits(ops::gelu_tanh(x)), gelu_idle);
 }
 
+// Restores the pool's own choice of cut when a test ends.
+struct BusyCut {
+  BusyCut() { cpu::detail::force_busy_cut(true); }
+  ~BusyCut() { cpu::detail::force_busy_cut(false); }
+  BusyCut(const BusyCut&) = delete;
+  BusyCut& operator=(const BusyCut&) = delete;
+};
+
+// Products and kernels at shapes whose cut changes when the pool cuts finer (rows of C, columns
+// of a single row, K and N off the libraries' tiles, bias or none, batched, bfloat16).
+struct Product {
+  std::int64_t m, k, n;
+  bool bias;
+};
+constexpr Product kProducts[] = {{1, 300, 1000, true},   {7, 96, 513, false},
+                                 {64, 257, 129, true},   {300, 100, 257, true},
+                                 {512, 384, 96, false},  {1000, 64, 64, true}};
+
+std::vector<Tensor> cut_sensitive_inputs(Device& device) {
+  std::vector<Tensor> in;
+  std::uint64_t salt = 100;
+  const auto add = [&](const Shape& shape, DType dtype = DType::float32) {
+    in.push_back(testing::device_tensor(
+        device, testing::random_floats(static_cast<std::size_t>(shape.numel()), ++salt), shape,
+        dtype));
+  };
+  for (const Product& p : kProducts) {
+    add({p.m, p.k});
+    add({p.n, p.k});
+    add({p.n});
+  }
+  add({3, 130, 70});
+  add({3, 70, 190});
+  add({200, 65});
+  add({300, 65});
+  add({257, 192}, DType::bfloat16);
+  add({320, 192}, DType::bfloat16);
+  add({2, 64, 24, 24});
+  add({96, 64, 3, 3});
+  add({96});
+  add({64});
+  add({2, 4, 300, 64});
+  add({2, 4, 300, 64});
+  add({1000, 257});
+  return in;
+}
+
+std::vector<Tensor> cut_sensitive(const std::vector<Tensor>& in) {
+  std::vector<Tensor> out;
+  std::size_t i = 0;
+  for (const Product& p : kProducts) {
+    out.push_back(ops::linear(in[i], in[i + 1], p.bias ? in[i + 2] : Tensor{}));
+    i += 3;
+  }
+  out.push_back(ops::matmul(in[i], in[i + 1]));
+  out.push_back(ops::matmul(in[i + 2], in[i + 3], ops::Transpose::no, ops::Transpose::yes));
+  out.push_back(ops::linear(in[i + 4], in[i + 5]));
+  i += 6;
+  const Tensor& image = in[i];
+  out.push_back(
+      ops::conv2d(image, in[i + 1], in[i + 2], ops::Conv2dOptions{.padding = {1, 1}}));
+  out.push_back(ops::group_norm(image, 32, in[i + 3], in[i + 3]));
+  out.push_back(ops::scaled_dot_product_attention(in[i + 4], in[i + 5], in[i + 4]));
+  out.push_back(ops::softmax(in[i + 6]));
+  out.push_back(ops::layer_norm(in[i + 6], Tensor{}, Tensor{}));
+  return out;
+}
+
+TEST(KernelThreadsUnderLoad, TheFinerCutOfABusyMachineKeepsEveryKernelsBits) {
+  if (testing::test_backend() != "cpu") GTEST_SKIP() << "the CPU device's kernel threads";
+  auto device = open_cpu_device(CpuDeviceOptions{.id = DeviceId{8}});
+  const auto in = cut_sensitive_inputs(*device);
+  cpu::detail::force_busy_cut(false);
+  const auto usual = bits_of(cut_sensitive(in));
+  const BusyCut busy;
+  EXPECT_EQ(bits_of(cut_sensitive(in)), usual) << "the finer cut";
+  auto traced = make_tracer([](const std::vector<Tensor>& x) { return cut_sensitive(x); }, *device);
+  EXPECT_EQ(bits_of(traced(in)), usual) << "the finer cut, capture";
+  EXPECT_EQ(bits_of(traced(in)), usual) << "the finer cut, replay";
+}
+
 }  // namespace
 }  // namespace retrace

@@ -4,10 +4,12 @@
 // AutoencoderKL file with its encoder), every bad file named, and the 8-bit image mapping.
 #include "support.hpp"
 
+#include <retrace/models/npy.hpp>
 #include <retrace/models/safetensors.hpp>
 #include <retrace/models/vae.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -433,6 +435,30 @@ TEST_F(VaeTest, BadLatentsAreErrors) {
                         ErrorCategory::invalid_argument, "latents have dtype int32");
   // Latents of another float dtype are converted.
   EXPECT_EQ(model.decode(latents({1, 4, 2, 2}, DType::bfloat16)).shape(), Shape({1, 3, 4, 4}));
+}
+
+// The files of the CLI's tests (CTest sets RETRACE_VAE_DIR): a small AutoencoderKL file (two
+// blocks of 32 and 64 channels, 32 groups as published, an encoder tensor), latents [1, 4, 4, 4]
+// and a batch of two [2, 4, 8, 8], and latents of the wrong channel count.
+TEST(VaeFiles, WritesFilesForTheCli) {
+  const char* dir = std::getenv("RETRACE_VAE_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "RETRACE_VAE_DIR is not set (set by CTest)";
+  std::filesystem::create_directories(dir);
+  auto device = open_cpu_device();
+  const VaeDecoder model(VaeDecoderConfig{.block_out_channels = {32, 64}, .layers_per_block = 1,
+                                          .seed = 8},
+                         *device);
+  models::write_safetensors((std::filesystem::path(dir) / "vae.safetensors").string(),
+                            autoencoder_file(model));
+  const auto latents = [&](const char* name, const Shape& shape, std::uint64_t salt) {
+    models::write_npy((std::filesystem::path(dir) / name).string(),
+                      Tensor::from_vector<float>(
+                          testing::random_floats(static_cast<std::size_t>(shape.numel()), salt),
+                          shape, DType::float32));
+  };
+  latents("latents.npy", {1, 4, 4, 4}, 1);
+  latents("noise_batch.npy", {2, 4, 8, 8}, 2);
+  latents("latents_3ch.npy", {1, 3, 4, 4}, 3);
 }
 
 TEST(VaeImage, MapsAsTorchvisionSaveImage) {

@@ -3,12 +3,19 @@
 // noise drawn on the device) with classifier-free guidance, eager and
 // traced, at each resolution the model allows (a trace key each), with StateTensors for the
 // timestep and the step's coefficients and the tracer's input slot for the latents, as the ttnn
-// pipelines do. Writes the final latents as a PNG preview when asked (or given --weights). Exits
-// 1 if traced and eager final latents differ in any bit.
+// pipelines do. With --vae, decodes the final latents with the Stable Diffusion VAE (traced, a
+// trace key per resolution) and writes the image; otherwise writes the latents as a PNG preview
+// when asked (or given --weights). --noise starts from given latents, --save-latents writes the
+// final ones (.npy). Exits 1 if traced and eager final latents, or decoded images, differ in any
+// bit.
 #include "demo_common.hpp"
 #include "model_options.hpp"
 
+#include <fmt/ranges.h>
+#include <retrace/models/npy.hpp>
 #include <retrace/models/preview.hpp>
+#include <retrace/models/safetensors.hpp>
+#include <retrace/models/vae.hpp>
 #include "util/timing.hpp"
 
 #include <unistd.h>
@@ -28,11 +35,69 @@ using timing::Clock;
 using timing::median;
 
 struct Result {
-  std::int64_t size;
+  std::string key;
   double eager_ms, traced_ms, capture_ms;
   std::size_t commands, trace_bytes;
   bool identical;
+  // With --vae: the decode's times and whether the traced image equals the eager one.
+  double decode_eager_ms = 0, decode_traced_ms = 0, decode_capture_ms = 0;
+  bool decode_identical = true;
 };
+
+// The latents one run of the sampler starts from: a batch of B at H x W.
+struct Start {
+  std::int64_t batch, height, width;
+  std::vector<float> values;
+};
+
+// The starting latents of each resolution: --noise's (its batch and size only), else random ones
+// at each of the model's demo sizes. Both are scaled by the sampler's initial sigma.
+std::vector<Start> starting_latents(const models::DiT& model, const DemoOptions& d,
+                                    float initial_scale) {
+  const models::DiTConfig& c = model.config();
+  std::vector<Start> starts;
+  if (!d.noise.empty()) {
+    const Tensor noise = models::read_npy(d.noise);
+    const Shape& s = noise.shape();
+    RETRACE_CHECK(s.rank() == 4 && s[0] >= 1 && s[1] == c.in_channels && s[2] >= 1 && s[3] >= 1,
+                  invalid_argument,
+                  "demo: --noise {}: latents must be [batch, {}, H, W] with every size positive, "
+                  "got {}",
+                  d.noise, c.in_channels, s);
+    starts.push_back({s[0], s[2], s[3], noise.to_vector<float>()});
+  } else {
+    for (std::int64_t size : demo_sizes(model)) {
+      const auto count = static_cast<std::size_t>(c.in_channels * size * size);
+      starts.push_back({1, size, size, initial_latents(count, c.seed, size)});
+    }
+  }
+  for (Start& start : starts) {
+    for (float& v : start.values) v *= initial_scale;
+  }
+  return starts;
+}
+
+// --vae: the decoder from a diffusers AutoencoderKL file, in the DiT's dtype; its latent channels
+// must be the DiT's.
+std::unique_ptr<models::VaeDecoder> load_vae(const DemoOptions& d, const models::DiTConfig& c,
+                                             Device& device) {
+  if (d.vae.empty()) return nullptr;
+  const auto weights = models::read_safetensors(d.vae);
+  const models::VaeDecoderConfig config =
+      models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = c.dtype});
+  RETRACE_CHECK(config.latent_channels == c.in_channels, invalid_argument,
+                "demo: --vae {} decodes {}-channel latents; the DiT makes {}-channel ones",
+                d.vae, config.latent_channels, c.in_channels);
+  return std::make_unique<models::VaeDecoder>(config, device, weights);
+}
+
+// Image i of a batch goes to `path`, or to path with _i before its extension when B > 1.
+std::string image_path(const std::string& path, std::int64_t i, std::int64_t batch) {
+  if (batch == 1) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / fmt::format("{}_{}{}", p.stem().string(), i, p.extension().string()))
+      .string();
+}
 
 // The traced object: the model and, for a stochastic sampler, the generator of its noise (null
 // otherwise). Its traces are its own and bake in both.
@@ -126,12 +191,23 @@ std::vector<std::int64_t> demo_sizes(const models::DiT& model) {
 
 int run_demo(ModelOptions& o, const DemoOptions& d) {
   if (d.mesh > 0) return run_demo_mesh(o, d);
-  auto [device, model, batch, label] = load_demo_model(o, d);
+  auto [device, model, guided_batch, label] = load_demo_model(o, d);
   const models::DiTConfig& c = model->config();
   const bool guided = d.cfg_scale != 1.0;
   const std::string preview =
-      d.preview.empty() && !o.weights.empty() ? std::string("dit_sample.png") : d.preview;
+      d.preview.empty() && !o.weights.empty() && d.vae.empty() ? std::string("dit_sample.png")
+                                                                : d.preview;
+  const std::string image_out = d.out.empty() ? std::string("dit_sample.png") : d.out;
   const models::SamplerSchedule schedule(models::parse_sampler(d.sampler), o.steps);
+  const std::vector<Start> starts = starting_latents(*model, d, schedule.initial_scale);
+  for (const Start& start : starts) {
+    check_demo_fits(c, start.batch * guided_batch, *device, o.dtype);
+  }
+  std::unique_ptr<models::VaeDecoder> vae = load_vae(d, c, *device);
+  auto decode = traced_method(
+      &models::VaeDecoder::decode,
+      [](models::VaeDecoder& v) -> Device& { return v.device(); },
+      TraceOptions{.name = "VAE decode"});
   // Noise of the ancestral sampler: one generator for the eager run, one in the traced object,
   // both from the model's seed (reseeded at each resolution).
   Generator eager_noise(*device, c.seed), traced_noise(*device, c.seed);
@@ -142,27 +218,40 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
       &DemoSampler::step, [](DemoSampler& s) -> Device& { return s.model->device(); },
       TraceOptions{.name = "DiT sampler step"});
   print_demo_header(o, d, c, label, device->name());
-  const std::vector<std::int64_t> sizes = demo_sizes(*model);
-  std::vector<std::int64_t> label_list{label};
-  if (guided) label_list.push_back(c.num_classes);  // the null class
+  if (vae) {
+    const models::VaeDecoderConfig& v = vae->config();
+    std::printf("  VAE decoder %s (blocks [%s], %lld layers per block, %s): %lldx upscale\n",
+                d.vae.c_str(), fmt::format("{}", fmt::join(v.block_out_channels, ", ")).c_str(),
+                static_cast<long long>(v.layers_per_block), o.dtype.c_str(),
+                static_cast<long long>(v.upscale()));
+  }
+  if (!d.noise.empty()) {
+    std::printf("  starting latents from %s\n", d.noise.c_str());
+  }
   auto upload = [&](const std::vector<float>& values, const Shape& shape) {
     return Tensor::from_vector<float>(values, shape, c.dtype).to_device(*device);
   };
-  const Tensor labels =
-      upload(model->label_rows(label_list), {batch, c.num_classes + 1});
   auto frequencies = [&](std::size_t i) {
     return model->timestep_frequencies({&schedule.timesteps[i], 1});
   };
   const Shape freq_shape{1, c.frequency_size};
   std::vector<Result> results;
-  for (std::int64_t size : sizes) {
-    const std::string key = fmt::format("{}x{}", size, size);
+  for (const Start& run : starts) {
+    const bool primary = &run == &starts.front();
+    const std::string key = run.batch == 1
+                                ? fmt::format("{}x{}", run.height, run.width)
+                                : fmt::format("{}x{}x{}", run.batch, run.height, run.width);
     std::printf("%s latents, %lld tokens (trace key \"%s\"):\n", key.c_str(),
-                static_cast<long long>((size / c.patch_size) * (size / c.patch_size)), key.c_str());
-    model->prepare_resolution(size, size);
-    const Shape shape{1, c.in_channels, size, size};
-    std::vector<float> start = initial_latents(static_cast<std::size_t>(shape.numel()), c.seed, size);
-    for (float& v : start) v *= schedule.initial_scale;
+                static_cast<long long>((run.height / c.patch_size) * (run.width / c.patch_size)),
+                key.c_str());
+    model->prepare_resolution(run.height, run.width);
+    const Shape shape{run.batch, c.in_channels, run.height, run.width};
+    const std::vector<float>& start = run.values;
+    // The class for each latent, then (with guidance) as many null-class rows.
+    std::vector<std::int64_t> label_list(static_cast<std::size_t>(run.batch), label);
+    if (guided) label_list.insert(label_list.end(), static_cast<std::size_t>(run.batch), c.num_classes);
+    const Tensor labels = upload(model->label_rows(label_list),
+                                 {static_cast<std::int64_t>(label_list.size()), c.num_classes + 1});
     eager_noise.manual_seed(c.seed);
     traced_noise.manual_seed(c.seed);
 
@@ -218,26 +307,70 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
                 human_bytes(info.bytes).c_str(), info.external_buffers);
     std::printf("  final latents (%zu values): traced %s eager %s\n", traced_final.size(),
                 identical ? "==" : "!=", identical ? "bit for bit" : "-- MISMATCH");
-    if (!preview.empty() && size == c.input_size) {
-      const models::RgbImage image = models::latent_preview(traced_x, 8);
+    if (primary && !d.save_latents.empty()) {
+      models::write_npy(d.save_latents, traced_x);
+      std::printf("  wrote %s (the final latents, float32 %s)\n", d.save_latents.c_str(),
+                  shape.to_string().c_str());
+    }
+    if (primary && !preview.empty()) {
+      const models::RgbImage image =
+          models::latent_preview(run.batch == 1 ? traced_x : ops::slice(traced_x, 0, 0, 1), 8);
       models::write_png(preview, image);
       std::printf("  wrote %s (%lldx%lld preview of the latents, no VAE)\n", preview.c_str(),
                   static_cast<long long>(image.width), static_cast<long long>(image.height));
     }
-    results.push_back({size, median(eager_ms), traced_median, capture_ms, info.commands,
-                       info.bytes, identical});
+    Result result{key, median(eager_ms), traced_median, capture_ms, info.commands, info.bytes,
+                  identical};
+    if (vae) {
+      // The decode, eager and then traced under the same key (the first call captures, the
+      // second replays).
+      auto t0 = Clock::now();
+      const std::vector<float> eager_image = vae->decode(traced_x).to_vector<float>();
+      result.decode_eager_ms = timing::milliseconds_since(t0);
+      t0 = Clock::now();
+      (void)decode.call(CallOptions{.key = key}, *vae, traced_x);
+      device->synchronize();
+      result.decode_capture_ms = timing::milliseconds_since(t0);
+      t0 = Clock::now();
+      const Tensor& image = decode.call(CallOptions{.key = key}, *vae, traced_x);
+      device->synchronize();
+      result.decode_traced_ms = timing::milliseconds_since(t0);
+      result.decode_identical = same_bits(image.to_vector<float>(), eager_image);
+      std::printf("  decode  eager %.1f ms, traced %.1f ms (first call, with capture: %.1f ms); "
+                  "image %s, traced %s eager %s\n",
+                  result.decode_eager_ms, result.decode_traced_ms, result.decode_capture_ms,
+                  image.shape().to_string().c_str(), result.decode_identical ? "==" : "!=",
+                  result.decode_identical ? "bit for bit" : "-- MISMATCH");
+      if (primary) {
+        for (std::int64_t i = 0; i < run.batch; ++i) {
+          const std::string path = image_path(image_out, i, run.batch);
+          const models::RgbImage rgb = models::vae_image(image, i);
+          models::write_png(path, rgb);
+          std::printf("  wrote %s (%lldx%lld image decoded by the VAE)\n", path.c_str(),
+                      static_cast<long long>(rgb.width), static_cast<long long>(rgb.height));
+        }
+      }
+    }
+    results.push_back(result);
   }
 
   std::printf("summary:\n");
   bool all_identical = true;
   for (const Result& r : results) {
-    const std::string key = fmt::format("{}x{}", r.size, r.size);
     std::printf("  %7s latents: eager %8.2f ms/step, traced %8.2f ms/step, speedup %.2fx, %s\n",
-                key.c_str(), r.eager_ms, r.traced_ms, r.eager_ms / r.traced_ms,
+                r.key.c_str(), r.eager_ms, r.traced_ms, r.eager_ms / r.traced_ms,
                 r.identical ? "identical" : "DIFFERENT");
-    all_identical = all_identical && r.identical;
+    if (vae) {
+      std::printf("  %7s decode:  eager %8.1f ms,      traced %8.1f ms,      speedup %.2fx, %s\n",
+                  r.key.c_str(), r.decode_eager_ms, r.decode_traced_ms,
+                  r.decode_eager_ms / r.decode_traced_ms,
+                  r.decode_identical ? "identical" : "DIFFERENT");
+    }
+    all_identical = all_identical && r.identical && r.decode_identical;
   }
-  std::printf("  live traces: %zu (one per resolution)\n", step.live_traces(sampler));
+  std::printf("  live traces: %zu (one per resolution)", step.live_traces(sampler));
+  if (vae) std::printf(", and %zu of the decoder", decode.live_traces(*vae));
+  std::printf("\n");
   std::printf("what these lines mean: %s\n", docs_page("cli.md#retrace-demo").c_str());
   if (!all_identical) {
     std::fprintf(stderr,

@@ -1,6 +1,7 @@
 // retrace: the command line. `retrace demo` runs the traced denoising loop of the example DiT
-// (what `make demo` runs); `retrace inspect` captures one step and prints its trace; `retrace
-// bench` compares eager, traced and the kernel-library floor.
+// (what `make demo` runs); `retrace decode` turns latents into an image with the Stable
+// Diffusion VAE; `retrace inspect` captures one step and prints its trace; `retrace bench`
+// compares eager, traced and the kernel-library floor.
 //
 // Exit status: 0 success; 1 a check failed (traced != eager, a peer disagreed); 2 a usage
 // error or an error raised while running (one line on stderr, "retrace: ..."); 3 the device
@@ -20,6 +21,7 @@
 namespace retrace::cli {
 int run_demo(ModelOptions& options, const DemoOptions& demo);
 int run_inspect(ModelOptions& options, const InspectOptions& inspect);
+int run_decode(ModelOptions& options, const DecodeOptions& decode);
 }  // namespace retrace::cli
 
 namespace {
@@ -91,9 +93,27 @@ int main(int argc, char** argv) {
                      "--device cuda (tensor parallel: heads and MLP width; N must divide both), "
                      "traced and eager, against one device")
         ->check(retrace::cli::whole_number(1, 64));
-    demo->add_option("--preview", demo_extra.preview,
-                     "write the final latents as a PNG here (default with --weights: "
-                     "dit_sample.png)");
+    demo->add_option(
+        "--preview", demo_extra.preview,
+        "write the final latents as a PNG here (default with --weights and no --vae: "
+        "dit_sample.png)");
+    CLI::Option* vae = demo->add_option(
+        "--vae", demo_extra.vae,
+        "decode the final latents with this VAE (diffusers' AutoencoderKL .safetensors, e.g. "
+        "stabilityai/sd-vae-ft-ema), traced, and write the image");
+    demo->add_option("--out", demo_extra.out, "with --vae: the image's PNG (default dit_sample.png)")
+        ->needs(vae);
+    CLI::Option* noise = demo->add_option(
+        "--noise", demo_extra.noise,
+        "start from these latents (.npy, float32 [B, C, H, W]; scaled by the sampler's initial "
+        "sigma) instead of random ones, at their size only");
+    CLI::Option* save = demo->add_option(
+        "--save-latents", demo_extra.save_latents,
+        "write the final latents (traced run) as .npy, float32 [B, C, H, W]");
+    CLI::Option* mesh = demo->get_option("--mesh");
+    vae->excludes(mesh);
+    noise->excludes(mesh);
+    save->excludes(mesh);
     CLI::App* inspect =
         app.add_subcommand("inspect", "capture one denoising step, print its trace");
     retrace::cli::add_model_options(*inspect, inspect_options);
@@ -108,6 +128,42 @@ int main(int argc, char** argv) {
     inspect->add_option("--trace-json", inspect_extra.trace_json,
                         "with --profile: write a Chrome/Perfetto trace of one replay (open it in "
                         "ui.perfetto.dev or chrome://tracing)");
+    retrace::cli::ModelOptions decode_model;
+    retrace::cli::DecodeOptions decode_options;
+    CLI::App* decode = app.add_subcommand(
+        "decode", "latents (.npy) to an image with the Stable Diffusion VAE decoder, eager and "
+                  "traced, compared");
+    decode_model.app = decode;
+    decode->add_option("--vae", decode_options.vae,
+                       "the VAE: diffusers' AutoencoderKL .safetensors (e.g. "
+                       "stabilityai/sd-vae-ft-ema's diffusion_pytorch_model.safetensors)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    decode->add_option("--latents", decode_options.latents,
+                       "the latents: .npy, [B, C, h, w], as the sampler leaves them (divided by "
+                       "--scaling-factor before decoding)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    decode->add_option("--out", decode_options.out,
+                       "the image's PNG (with B > 1: NAME_i.png for each), default decoded.png");
+    decode->add_option("--save-image", decode_options.save_image,
+                       "also write the decoder's output as .npy, float32 [B, 3, H, W]");
+    decode->add_option("--replays", decode_options.replays, "timed replays of the trace")
+        ->check(retrace::cli::whole_number(1, 100000));
+    decode->add_option("--norm-groups", decode_options.norm_groups,
+                       "groups of the VAE's group norms (not stored in the file; 32 in every "
+                       "published Stable Diffusion VAE)")
+        ->check(retrace::cli::whole_number(1, 1 << 20));
+    decode->add_option("--scaling-factor", decode_options.scaling_factor,
+                       "the latents are divided by this first (0.18215: Stable Diffusion 1.x/2.x, "
+                       "DiT)")
+        ->check(CLI::Range(1e-30, 1e30));
+    decode->add_option("--dtype", decode_model.dtype, "float32, bfloat16 or float16")
+        ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+    decode->add_option("--device", decode_model.device,
+                       "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
+    decode->add_flag("--allow-unused-weights", decode_model.allow_unused,
+                     "warn about tensors of --vae the decoder does not use instead of failing");
     retrace::bench::BenchOptions bench_options;
     int libtorch_peer = 0;
     std::string export_steps;
@@ -140,7 +196,7 @@ int main(int argc, char** argv) {
         ->check(retrace::cli::whole_number(0, 1024));
 
     if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
-      return fail(fmt::format("unknown command '{}' (commands: demo, inspect, bench; see "
+      return fail(fmt::format("unknown command '{}' (commands: demo, decode, inspect, bench; see "
                               "retrace --help)",
                               unknown));
     }
@@ -156,6 +212,7 @@ int main(int argc, char** argv) {
       return fail(fmt::format("{} (see retrace --help)", e.what()));
     }
     if (*demo) return retrace::cli::run_demo(demo_options, demo_extra);
+    if (*decode) return retrace::cli::run_decode(decode_model, decode_options);
     if (*bench && libtorch_peer > 0) {
       return retrace::bench::run_libtorch_peer(bench_options.sizes.at(0), libtorch_peer,
                                                bench_options.repeats, bench_options.steps);

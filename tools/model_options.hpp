@@ -33,6 +33,21 @@ struct DemoOptions {
   std::string preview;      // PNG of the final latents; default dit_sample.png with --weights
   std::size_t mesh = 0;     // > 0: also split the model over a mesh of this many CPU devices
   std::string sampler = "ddim";  // ddim, euler or euler-ancestral (models::parse_sampler)
+  std::string vae;           // a VAE's .safetensors: decode the final latents to an image
+  std::string out;           // the decoded image (PNG); default dit_sample.png
+  std::string noise;         // .npy [B, C, H, W]: the starting latents instead of random ones
+  std::string save_latents;  // .npy: the final latents (traced run, first resolution)
+};
+
+// retrace decode's options (the device, dtype and --allow-unused-weights are ModelOptions').
+struct DecodeOptions {
+  std::string vae;         // diffusers AutoencoderKL .safetensors
+  std::string latents;     // .npy [B, C, h, w], the sampler's (scaled) latents
+  std::string out = "decoded.png";
+  std::string save_image;  // .npy of the decoder's float output
+  std::int64_t replays = 5;
+  std::int64_t norm_groups = 32;
+  double scaling_factor = 0.18215;
 };
 
 // retrace inspect's options.
