@@ -143,6 +143,59 @@ TEST_F(OpImageTest, Conv2dMatchesAFloat64Reference) {
   }
 }
 
+// The im2col columns made a chunk at a time (one output row, a third of an image, one image,
+// all at once): traced == eager bit for bit at each chunk size, and the values those of the
+// whole product up to rounding (a GEMM library may block a shorter product differently).
+TEST_F(OpImageTest, Conv2dChunksOfColumnsReplayBitForBitAndAgreeWithTheWhole) {
+  struct Restore {
+    std::size_t bytes = ops::conv2d_column_bytes();
+    ~Restore() { ops::set_conv2d_column_bytes(bytes); }
+  } restore;
+  const std::vector<ConvCase> cases{
+      {2, 3, 7, 6, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+      {3, 4, 9, 8, 6, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, true},
+      {2, 2, 9, 7, 3, 3, 2, {{1, 2}, {2, 0}, {2, 1}, 1}, false},
+      {2, 4, 5, 5, 6, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 2}, true},
+      {2, 64, 20, 19, 48, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+  };
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    std::uint64_t salt = 50;
+    for (const ConvCase& k : cases) {
+      const std::int64_t cg = k.c / k.options.groups;
+      const Tensor x = device_tensor(
+          device(), testing::random_floats(static_cast<std::size_t>(k.n * k.c * k.h * k.w), ++salt),
+          {k.n, k.c, k.h, k.w}, dtype);
+      const Tensor w = device_tensor(
+          device(), testing::random_floats(static_cast<std::size_t>(k.o * cg * k.kh * k.kw), ++salt),
+          {k.o, cg, k.kh, k.kw}, dtype);
+      const Tensor b = k.bias ? device_tensor(device(), testing::random_floats(static_cast<std::size_t>(k.o), ++salt),
+                                              {k.o}, dtype)
+                              : Tensor{};
+      ops::set_conv2d_column_bytes(std::size_t{1} << 30);
+      const auto whole = ops::conv2d(x, w, b, k.options).to_vector<float>();
+      const std::size_t image = static_cast<std::size_t>(k.h * k.w * cg * k.kh * k.kw) *
+                                dtype_info(dtype).size;
+      for (std::size_t bytes : {std::size_t{1}, image / 3, image, 2 * image}) {
+        ops::set_conv2d_column_bytes(bytes);
+        const Tensor eager = ops::conv2d(x, w, b, k.options);
+        const auto got = eager.to_vector<float>();
+        double worst = 0, scale = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          worst = std::max(worst, std::abs(static_cast<double>(got[i]) - whole[i]));
+          scale = std::max(scale, std::abs(static_cast<double>(whole[i])));
+        }
+        EXPECT_LE(worst, (dtype == DType::float32 ? 1e-5 : 1e-2) * scale)
+            << dtype_name(dtype) << " " << k.c << " channels, chunks of " << bytes << " bytes";
+        auto traced = make_tracer(
+            [&](const Tensor& xx) { return ops::conv2d(xx, w, b, k.options); }, device());
+        const auto bits = testing::float_bits(eager);
+        EXPECT_EQ(testing::float_bits(traced(x)), bits) << "capture, " << bytes;
+        EXPECT_EQ(testing::float_bits(traced(x)), bits) << "replay, " << bytes;
+      }
+    }
+  }
+}
+
 TEST_F(OpImageTest, PadPlacesTheTensorInsideAConstantFrame) {
   const std::vector<float> v{1, 2, 3, 4, 5, 6};
   const Tensor a = device_tensor(device(), v, {2, 3});

@@ -24,18 +24,21 @@ int run_decode(ModelOptions& o, const DecodeOptions& d) {
   const DType dtype = o.dtype == "bfloat16"  ? DType::bfloat16
                       : o.dtype == "float16" ? DType::float16
                                              : DType::float32;
-  auto device = open_device(o);
   const auto weights = models::read_safetensors(d.vae);
   const models::VaeDecoderConfig config = models::infer_vae_decoder_config(
       weights, models::VaeInference{
                    .norm_groups = d.norm_groups, .scaling_factor = d.scaling_factor, .dtype = dtype});
-  models::VaeDecoder vae(config, *device, weights,
-                         o.allow_unused ? models::UnusedWeights::warn : models::UnusedWeights::error);
   const Tensor host_latents = models::read_npy(d.latents);
   const Shape& s = host_latents.shape();
   RETRACE_CHECK(s.rank() == 4 && s[1] == config.latent_channels, invalid_argument,
                 "decode: --latents {}: expected [batch, {}, h, w] for this VAE, got {}", d.latents,
                 config.latent_channels, s);
+  // The device holds the eager decode and the trace's buffers.
+  o.extra_bytes = 2 * models::VaeDecoder::decode_bytes(config, s);
+  o.trace_bytes = models::VaeDecoder::decode_bytes(config, s);
+  auto device = open_device(o);
+  models::VaeDecoder vae(config, *device, weights,
+                         o.allow_unused ? models::UnusedWeights::warn : models::UnusedWeights::error);
   std::printf(
       "retrace decode: VAE %s (%lld latent channels, blocks [%s], %lld layers per block, %lld "
       "groups, %s) on %s\n",

@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
     decode->add_option("--device", decode_model.device,
                        "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
+    decode->add_option("--memory", decode_model.memory,
+                       "device memory, e.g. 8G (default: the device's, raised to fit the decode)")
+        ->check(retrace::cli::byte_size());
     decode->add_flag("--allow-unused-weights", decode_model.allow_unused,
                      "warn about tensors of --vae the decoder does not use instead of failing");
     retrace::bench::BenchOptions bench_options;

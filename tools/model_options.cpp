@@ -65,10 +65,21 @@ std::size_t model_bytes(const ModelOptions& o) {
       weights = 0;  // a bad configuration: the model's own checks will say what is wrong
     }
   }
-  return weights + (std::size_t{1} << 30);
+  return weights + (std::size_t{1} << 30) + o.extra_bytes;
 }
 
 }  // namespace
+
+CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return parse_bytes(text) ? std::string()
+                                 : fmt::format("must be a size such as 512M, 8G or a number of "
+                                               "bytes (up to 1024T), got '{}'",
+                                               text);
+      },
+      "SIZE");
+}
 
 void add_model_options(CLI::App& app, ModelOptions& o) {
   // Bounds the model accepts (DiTConfig): sizes far beyond any machine's memory are refused
@@ -95,14 +106,7 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "the device: a backend, optionally with a number (cpu, cuda, cuda:1)");
   app.add_option("--memory", o.memory,
                  "device memory, e.g. 8G (default: the device's, raised to fit the model)")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            return parse_bytes(text) ? std::string()
-                                     : fmt::format("must be a size such as 512M, 8G or a number "
-                                                   "of bytes (up to 1024T), got '{}'",
-                                                   text);
-          },
-          "SIZE"));
+      ->check(byte_size());
   app.add_option("--weights", o.weights,
                  ".safetensors checkpoint in the reference DiT layout (facebookresearch/DiT)")
       ->check(CLI::ExistingFile);
@@ -119,6 +123,8 @@ DeviceOptions device_options_for(const ModelOptions& options) {
   } else {
     device_options.memory_bytes = std::max(device_options.memory_bytes, model_bytes(options));
   }
+  device_options.trace_region_bytes =
+      std::max(device_options.trace_region_bytes, options.trace_bytes);
   return device_options;
 }
 

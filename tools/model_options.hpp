@@ -21,6 +21,10 @@ struct ModelOptions {
   std::string memory;  // device memory ("8G"); default: the backend's, raised to fit the model
   bool allow_unused = false;
   std::int64_t steps = 20;
+  // Device memory the run needs besides the DiT's (a VAE decode): added to the default size.
+  std::size_t extra_bytes = 0;
+  // Trace memory the run needs (a VAE decode's trace): the device's trace region is at least this.
+  std::size_t trace_bytes = 0;
   CLI::App* app = nullptr;  // to tell options given on the command line from defaults
 };
 
@@ -61,6 +65,8 @@ struct InspectOptions {
 // "must be a whole number from MIN to MAX": checked before CLI11 converts the text, so a
 // usage error names the option and the allowed range in words a person would write.
 CLI::Validator whole_number(std::int64_t min, std::int64_t max);
+// A byte count such as 512M, 8G or 1073741824 (--memory).
+CLI::Validator byte_size();
 
 // The device asked for cannot be used on this machine (exit status 3).
 struct DeviceUnavailable : std::runtime_error {

@@ -390,8 +390,16 @@ struct Conv2dOptions {
 // 2-D convolution (cross-correlation, as torch's conv2d): x [N, C, H, W], weight [O, C / groups,
 // kh, kw], bias [O] (optional) -> [N, O, Ho, Wo], Ho = (H + 2 pad - dilation (kh - 1) - 1) /
 // stride + 1. float32, bfloat16, float16 (float32 accumulation). Computed as im2col then one matmul
-// per group, on any device that has those kernels.
+// per group, on any device that has those kernels; the im2col columns are made a chunk of at
+// most conv2d_column_bytes() at a time (whole images, or blocks of output rows), so a large
+// image needs no 9x copy of itself. A given chunk size gives the same bits every time (eager and
+// traced); another may change the last bits (the GEMM library blocks a shorter product
+// differently).
 [[nodiscard]] Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
                             const Conv2dOptions& options = {}, QueueId queue = kDefaultQueue);
+// The most bytes of im2col columns conv2d makes at once (default 32 MiB); set it (at least 1
+// byte: then one output row at a time) before the ops that should use it, e.g. before a capture.
+[[nodiscard]] std::size_t conv2d_column_bytes() noexcept;
+void set_conv2d_column_bytes(std::size_t bytes) noexcept;
 
 }  // namespace retrace::ops

@@ -270,6 +270,30 @@ VaeDecoderConfig infer_vae_decoder_config(const std::map<std::string, Tensor>& w
   return c;
 }
 
+std::size_t VaeDecoder::decode_bytes(const VaeDecoderConfig& c, const Shape& latents) {
+  if (latents.rank() != 4 || c.block_out_channels.empty()) return 0;
+  const auto element = static_cast<double>(dtype_info(c.dtype).size);
+  double weights = 0;
+  for (const auto& entry : weight_shapes(c)) weights += static_cast<double>(entry.second.numel());
+  // The widest activation and the largest convolution (its padded input, the columns of at
+  // most one chunk, its result rows and output), stage by stage.
+  const auto batch = static_cast<double>(latents[0]);
+  double pixels = static_cast<double>(latents[2]) * static_cast<double>(latents[3]);
+  double widest = 0, conv = 0;
+  const std::size_t blocks = c.block_out_channels.size();
+  for (std::size_t i = 0; i < blocks; ++i) {
+    const double out = static_cast<double>(c.block_out_channels[blocks - 1 - i]);
+    const double in = i == 0 ? out : static_cast<double>(c.block_out_channels[blocks - i]);
+    const double wider = std::max(in, out);
+    widest = std::max(widest, batch * pixels * wider);
+    const double columns =
+        std::min(batch * pixels * wider * 9, static_cast<double>(ops::conv2d_column_bytes()) / element);
+    conv = std::max(conv, columns + batch * pixels * (wider + 3 * out));
+    if (i + 1 < blocks) pixels *= 4;
+  }
+  return static_cast<std::size_t>((weights + conv + 6 * widest) * element) + (std::size_t{64} << 20);
+}
+
 const Tensor& VaeDecoder::weight(const std::string& name) const {
   auto it = weights_.find(name);
   RETRACE_CHECK(it != weights_.end(), invalid_argument, "VAE decoder: no weight named \"{}\"",

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 
@@ -346,6 +347,16 @@ Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out
   return resize(a, out_h, out_w, InterpolateOptions{}, "interpolate_nearest", queue);
 }
 
+namespace {
+std::atomic<std::size_t> column_bytes{std::size_t{32} << 20};
+}  // namespace
+
+std::size_t conv2d_column_bytes() noexcept { return column_bytes.load(std::memory_order_relaxed); }
+
+void set_conv2d_column_bytes(std::size_t bytes) noexcept {
+  column_bytes.store(std::max<std::size_t>(bytes, 1), std::memory_order_relaxed);
+}
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options, QueueId queue) {
   constexpr const char* op = "conv2d";
@@ -399,18 +410,95 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Tensor padded = (ph > 0 || pw > 0) ? pad(x, {pw, pw, ph, ph}, 0.0, queue) : x;
   const std::int64_t k = cg * kh * kw;
   const std::int64_t og = o / groups;
+  const std::int64_t pixels = ho * wo;
   const Tensor w2d = reshape(weight, {o, k});
+  // The columns of each output pixel's receptive field, pixels innermost (cols[c, a, b, i, j] =
+  // padded[g*cg + c, i*sh + a*dh, j*sw + b*dw], copied a row of wo pixels at a time), made a
+  // chunk of at most conv2d_column_bytes() at a time (whole images, or blocks of output rows of
+  // one image), so a large image never holds its whole im2col matrix (9x the input for a 3x3
+  // kernel). Then one product per chunk:
+  //  - float32: out[o, pixel] = W cols, written in NCHW order directly, then + bias (added to
+  //    the float32 sums, as a bias inside the product would be).
+  //  - 16-bit: rows[pixel, o] = cols^T W^T + bias (linear's kernel, reading the columns
+  //    transposed: the bias added in float32 before the one rounding), then to NCHW.
+  // A given chunk size gives the same bits every time, eager or traced; another may change the
+  // last bits (a GEMM library blocks a shorter product differently).
+  const auto row_bytes = static_cast<double>(wo) * static_cast<double>(k) *
+                         static_cast<double>(dtype_info(x.dtype()).size);
+  const auto budget = static_cast<double>(conv2d_column_bytes());
+  const double image_bytes = row_bytes * static_cast<double>(ho);
+  const std::int64_t images_per_chunk =
+      image_bytes * static_cast<double>(n) <= budget
+          ? n
+          : std::max<std::int64_t>(1, static_cast<std::int64_t>(budget / std::max(image_bytes, 1.0)));
+  const std::int64_t rows_per_chunk =
+      image_bytes <= budget
+          ? ho
+          : std::max<std::int64_t>(1, static_cast<std::int64_t>(budget / std::max(row_bytes, 1.0)));
+  const std::int64_t image_stride = c * hp * wp;
+  const bool pixels_last = x.dtype() == DType::float32;
   std::vector<Tensor> per_group;
   for (std::int64_t g = 0; g < groups; ++g) {
-    // im2col: cols[n, i, j, c, a, b] = padded[n, g*cg + c, i*sh + a*dh, j*sw + b*dw].
-    Tensor cols = empty_like(x, Shape{n, ho, wo, cg, kh, kw}, op);
-    strided_copy(op, padded, g * cg * hp * wp, {n, ho, wo, cg, kh, kw},
-                 {c * hp * wp, sh * wp, sw, hp * wp, dh * wp, dw}, cols, 0,
-                 contiguous_strides(cols.shape()), queue);
-    const Tensor wg = groups == 1 ? w2d : slice(w2d, 0, g * og, (g + 1) * og, 1, queue);
-    const Tensor bg =
-        bias.is_null() || groups == 1 ? bias : slice(bias, 0, g * og, (g + 1) * og, 1, queue);
-    per_group.push_back(linear(reshape(cols, {n * ho * wo, k}), wg, bg, queue));
+    const Tensor wg = dense(groups == 1 ? w2d : slice(w2d, 0, g * og, (g + 1) * og, 1, queue), queue);
+    const Tensor bg = dense(
+        bias.is_null() || groups == 1 ? bias : slice(bias, 0, g * og, (g + 1) * og, 1, queue),
+        queue);
+    // float32: [n, og, pixels]; 16-bit: [n * pixels, og].
+    Tensor result = empty_like(x, pixels_last ? Shape{n, og, pixels} : Shape{n * pixels, og}, op);
+    for (std::int64_t first = 0; first < n; first += images_per_chunk) {
+      const std::int64_t images = std::min(images_per_chunk, n - first);
+      for (std::int64_t i0 = 0; i0 < ho; i0 += rows_per_chunk) {
+        const std::int64_t count = std::min(rows_per_chunk, ho - i0);
+        const std::int64_t offset = first * image_stride + g * cg * hp * wp + i0 * sh * wp;
+        if (pixels_last) {
+          // [images, k, count * wo]: each image's columns, then W times each.
+          Tensor cols = empty_like(x, Shape{images, k, count * wo}, op);
+          strided_copy(op, padded, offset, {images, cg, kh, kw, count, wo},
+                       {image_stride, hp * wp, dh * wp, dw, sh * wp, sw}, cols, 0,
+                       contiguous_strides({images, cg, kh, kw, count, wo}), queue);
+          if (count == ho) {
+            matmul(wg, cols, slice(result, 0, first, first + images, 1, queue), Transpose::no,
+                   Transpose::no, queue);
+          } else {  // a block of rows of one image: its place in the output is strided
+            const Tensor part = matmul(wg, reshape(cols, {k, count * wo}), Transpose::no,
+                                       Transpose::no, queue);
+            strided_copy(op, part, 0, {og, count * wo}, {count * wo, 1}, result,
+                         first * og * pixels + i0 * wo, {pixels, 1}, queue);
+          }
+          continue;
+        }
+        // [k, images * count * wo], then rows = cols^T W^T + bias.
+        const std::int64_t width = images * count * wo;
+        Tensor cols = empty_like(x, Shape{k, width}, op);
+        strided_copy(op, padded, offset, {cg, kh, kw, images, count, wo},
+                     {hp * wp, dh * wp, dw, image_stride, sh * wp, sw}, cols, 0,
+                     contiguous_strides({cg, kh, kw, images, count, wo}), queue);
+        const Tensor out_rows = slice(result, 0, (first * ho + i0) * wo,
+                                      (first * ho + i0) * wo + width, 1, queue);
+        MatmulParams params{};
+        params.a = data_of(cols);
+        params.b = data_of(wg);
+        params.bias = bg.is_null() ? nullptr : data_of(bg);
+        params.out = data_of(out_rows);
+        params.m = width;
+        params.n = og;
+        params.k = k;
+        params.alpha = 1.0f;
+        params.dtype = x.dtype();
+        params.trans_a = true;
+        params.trans_b = true;
+        std::vector<Buffer*> buffers{cols.buffer().get(), wg.buffer().get(),
+                                     result.buffer().get()};
+        if (!bg.is_null()) buffers.push_back(bg.buffer().get());
+        x.device()->enqueue(queue, make_launch("linear", params, buffers));
+      }
+    }
+    if (pixels_last && !bg.is_null()) add(result, reshape(bg, {og, 1}), result, queue);
+    per_group.push_back(result);
+  }
+  if (pixels_last) {
+    const Tensor out = groups == 1 ? per_group[0] : concat(per_group, 1, queue);
+    return reshape(out, {n, o, ho, wo});
   }
   const Tensor rows = groups == 1 ? per_group[0] : concat(per_group, 1, queue);
   return contiguous(permute(reshape(rows, {n, ho, wo, o}), {0, 3, 1, 2}, queue), queue);

@@ -94,6 +94,12 @@ class VaeDecoder : public TraceOwner {
   [[nodiscard]] const Tensor& weight(const std::string& name) const;
   [[nodiscard]] const std::map<std::string, Tensor>& weights() const noexcept { return weights_; }
 
+  // Device memory a decode of latents of this shape needs at its peak (the weights, the largest
+  // convolution's temporaries and the activations it keeps), for sizing a device; a trace of
+  // the decode holds about as much again.
+  [[nodiscard]] static std::size_t decode_bytes(const VaeDecoderConfig& config,
+                                                const Shape& latents);
+
   // latents [B, latent_channels, h, w] in the sampler's (scaled) space, any positive size ->
   // image [B, out_channels, h * upscale(), w * upscale()] in the model's dtype, about [-1, 1].
   [[nodiscard]] Tensor decode(const Tensor& latents) const;
