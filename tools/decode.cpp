@@ -52,8 +52,9 @@ int run_decode(ModelOptions& o, const DecodeOptions& d) {
   const Tensor eager = vae.decode(latents);
   const std::vector<float> eager_values = eager.to_vector<float>();
   const double eager_ms = timing::milliseconds_since(t0);
-  std::printf("  latents %s / %g -> image %s\n", s.to_string().c_str(), config.scaling_factor,
-              eager.shape().to_string().c_str());
+  std::printf("  latents %s / %g -> image %s (a decode needs about %s of device memory)\n",
+              s.to_string().c_str(), config.scaling_factor, eager.shape().to_string().c_str(),
+              human_bytes(models::VaeDecoder::decode_bytes(config, s)).c_str());
   std::printf("  eager   %.1f ms\n", eager_ms);
 
   auto decode = traced_method(

@@ -77,12 +77,40 @@ std::vector<Start> starting_latents(const models::DiT& model, const DemoOptions&
   return starts;
 }
 
+DType dtype_of(const std::string& name) {
+  return name == "bfloat16" ? DType::bfloat16 : name == "float16" ? DType::float16 : DType::float32;
+}
+
+// --vae: its tensors (memory-mapped) and, before the device opens, the memory its decodes need
+// added to the device's default size and trace region: the largest resolution's decode, eager and
+// traced (the other resolution's trace is a quarter of it).
+std::map<std::string, Tensor> read_vae(ModelOptions& o, const DemoOptions& d) {
+  if (d.vae.empty()) return {};
+  auto weights = models::read_safetensors(d.vae);
+  const models::VaeDecoderConfig config =
+      models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = dtype_of(o.dtype)});
+  Shape latents{1, config.latent_channels, o.config.input_size, o.config.input_size};
+  if (!d.noise.empty()) {
+    latents = models::read_npy(d.noise).shape();
+  } else if (!o.weights.empty()) {
+    try {  // the checkpoint's latent size (a bad file is reported when the model loads)
+      const auto c = models::infer_dit_config(models::read_safetensors(o.weights));
+      latents = Shape{1, config.latent_channels, c.input_size, c.input_size};
+    } catch (const Error&) {
+    }
+  }
+  const std::size_t decode = models::VaeDecoder::decode_bytes(config, latents);
+  o.extra_bytes += 3 * decode;
+  o.trace_bytes = (std::size_t{256} << 20) + decode + decode / 2;
+  return weights;
+}
+
 // --vae: the decoder from a diffusers AutoencoderKL file, in the DiT's dtype; its latent channels
 // must be the DiT's.
-std::unique_ptr<models::VaeDecoder> load_vae(const DemoOptions& d, const models::DiTConfig& c,
-                                             Device& device) {
+std::unique_ptr<models::VaeDecoder> load_vae(const DemoOptions& d,
+                                             const std::map<std::string, Tensor>& weights,
+                                             const models::DiTConfig& c, Device& device) {
   if (d.vae.empty()) return nullptr;
-  const auto weights = models::read_safetensors(d.vae);
   const models::VaeDecoderConfig config =
       models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = c.dtype});
   RETRACE_CHECK(config.latent_channels == c.in_channels, invalid_argument,
@@ -191,6 +219,7 @@ std::vector<std::int64_t> demo_sizes(const models::DiT& model) {
 
 int run_demo(ModelOptions& o, const DemoOptions& d) {
   if (d.mesh > 0) return run_demo_mesh(o, d);
+  const std::map<std::string, Tensor> vae_weights = read_vae(o, d);
   auto [device, model, guided_batch, label] = load_demo_model(o, d);
   const models::DiTConfig& c = model->config();
   const bool guided = d.cfg_scale != 1.0;
@@ -203,7 +232,7 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
   for (const Start& start : starts) {
     check_demo_fits(c, start.batch * guided_batch, *device, o.dtype);
   }
-  std::unique_ptr<models::VaeDecoder> vae = load_vae(d, c, *device);
+  std::unique_ptr<models::VaeDecoder> vae = load_vae(d, vae_weights, c, *device);
   auto decode = traced_method(
       &models::VaeDecoder::decode,
       [](models::VaeDecoder& v) -> Device& { return v.device(); },
