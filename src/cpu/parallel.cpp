@@ -12,7 +12,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,9 +30,7 @@ std::atomic<int> thread_limit{1 << 20};
 // unclaimed part until none is left, so a loop never waits for a part that no running thread
 // took. A helper that the operating system has descheduled (the machine is busy) delays only a
 // part it already claimed; the caller runs the rest itself. Which thread runs a part never
-// changes its bits: the parts' boundaries depend only on the loop, the thread count and whether
-// the machine was found busy (then the cut is finer), and every kernel gives the same bits
-// whatever the cut (rows, elements or blocks of C computed whole).
+// changes its bits: the parts' boundaries depend only on the loop and the thread count.
 //
 // Waiting spins for a bounded time, then sleeps (cpu/spin.hpp). A helper that finished watches
 // for the next loop for RETRACE_KERNEL_SPIN_US, then sleeps on a condition variable: the ops of
@@ -42,11 +39,6 @@ std::atomic<int> thread_limit{1 << 20};
 // helper). A caller waiting for a helper's part spins as long, then sleeps until the part is
 // done. On a busy machine both stop spinning at once.
 class KernelPool {
-  using SteadyClock = std::chrono::steady_clock;
-  static constexpr int kOversplit = 4;  // parts per thread on a busy machine
-  static constexpr auto kLateHelper = std::chrono::microseconds(200);
-  static constexpr auto kBusyHold = std::chrono::milliseconds(100);
-
  public:
   KernelPool() {
     // One per CPU this process may use (its affinity mask), not per CPU of the host, unless
@@ -73,14 +65,6 @@ class KernelPool {
 
   int threads() const noexcept { return threads_; }
 
-  // How many parts a loop over `threads` threads is cut into: one per thread, or kOversplit per
-  // thread while the machine is found busy (see note_wait).
-  int parts_for(int threads) const noexcept {
-    if (threads <= 1) return threads;
-    const std::int64_t now = SteadyClock::now().time_since_epoch().count();
-    return now < busy_until_.load(std::memory_order_relaxed) ? threads * kOversplit : threads;
-  }
-
   bool try_run(std::int64_t n, int parts, detail::RangeFn fn, void* context) {
     std::unique_lock busy(busy_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
@@ -99,18 +83,9 @@ class KernelPool {
       generation_.fetch_add(1, std::memory_order_release);
     }
     if (sleepers_.load() > 0) cv_.notify_all();
-    const auto start = SteadyClock::now();
     run_claimed_parts();
-    const auto ran = SteadyClock::now();
     wait_until_done();
-    note_wait(ran - start, SteadyClock::now() - ran);
     return true;
-  }
-
-  // For tests: cut every loop as on a busy machine (true) or as the pool decides (false).
-  void force_busy(bool busy) noexcept {
-    forced_busy_.store(busy, std::memory_order_relaxed);
-    busy_until_.store(busy ? std::numeric_limits<std::int64_t>::max() : 0);
   }
 
  private:
@@ -138,19 +113,6 @@ class KernelPool {
     in_parallel_region = true;
     if (begin < end) fn_(context_, begin, end);
     in_parallel_region = false;
-  }
-
-  // The caller waited `waited` for helpers' parts after running its own for `ran`. On an idle
-  // machine a helper starts within microseconds of the caller and its part is as long as the
-  // caller's, so the wait is short. A long one means a helper was descheduled in the middle of a
-  // part it had claimed, and the caller sat idle for up to a time slice. For a while after, the
-  // pool cuts loops into more, smaller parts: a descheduled helper then holds back only a small
-  // part, and whoever is running takes the rest. Cutting finer on an idle machine would only
-  // cost time (each GEMM block packs its operand again), so it is done only when found busy.
-  void note_wait(SteadyClock::duration ran, SteadyClock::duration waited) noexcept {
-    if (forced_busy_.load(std::memory_order_relaxed) || waited < kLateHelper || waited < ran / 2) return;
-    busy_until_.store((SteadyClock::now() + kBusyHold).time_since_epoch().count(),
-                      std::memory_order_relaxed);
   }
 
   // The caller, once every part is claimed: until the helpers' parts are done.
@@ -183,8 +145,6 @@ class KernelPool {
 
   int threads_ = 1;
   std::chrono::microseconds spin_{kDefaultKernelSpinUs};
-  std::atomic<std::int64_t> busy_until_{0};  // steady-clock ticks: cut finer until then
-  std::atomic<bool> forced_busy_{false};
   std::vector<std::thread> helpers_;
   std::mutex busy_;
   std::mutex mutex_;
@@ -249,10 +209,6 @@ int kernel_threads() noexcept { return std::min(pool().threads(), thread_limit.l
 
 void set_kernel_thread_limit(int threads) noexcept { thread_limit.store(std::max(1, threads)); }
 
-namespace detail {
-void force_busy_cut(bool busy) noexcept { pool().force_busy(busy); }
-}  // namespace detail
-
 KernelThreadCap::KernelThreadCap(int threads) noexcept : previous_(region_cap) {
   region_cap = std::max(threads, 0);
 }
@@ -269,8 +225,8 @@ void parallel_for_impl(std::int64_t n, std::int64_t min_chunk, RangeFn fn, void*
   const int threads = in_parallel_region ? 1
                       : region_cap > 0   ? std::min(region_cap, kernel_threads())
                                          : kernel_threads();
-  const auto parts = static_cast<int>(std::min<std::int64_t>(
-      pool().parts_for(threads), n / std::max<std::int64_t>(min_chunk, 1)));
+  const auto parts = static_cast<int>(
+      std::min<std::int64_t>(threads, n / std::max<std::int64_t>(min_chunk, 1)));
   if (parts <= 1 || !pool().try_run(n, parts, fn, context)) fn(context, 0, n);
 }
 }  // namespace detail

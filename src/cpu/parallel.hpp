@@ -2,9 +2,7 @@
 // big enough that a cross-core hand-off (microseconds) pays. Small loops, nested calls and calls
 // while another parallel loop runs execute on the calling thread. The calling thread and the
 // helpers claim the loop's parts as they get to them, so a helper the operating system has not
-// scheduled (a busy machine) never holds the loop up for a part it has not started; once the
-// pool finds a helper held up in the middle of a part, it cuts loops finer for a while, so such a
-// helper holds back only a small part.
+// scheduled (a busy machine) never holds the loop up for a part it has not started.
 #pragma once
 
 #include <cstdint>
@@ -67,11 +65,5 @@ class KernelThreadCap {
 // Caps the threads parallel_for uses (at least 1; at most the cores); for benchmarks that
 // compare thread counts in one process.
 void set_kernel_thread_limit(int threads) noexcept;
-
-namespace detail {
-// For tests: cut every parallel loop as the pool does on a busy machine (several parts per
-// thread), or (false) go back to cutting as the pool finds the machine.
-void force_busy_cut(bool busy) noexcept;
-}  // namespace detail
 
 }  // namespace retrace::cpu
