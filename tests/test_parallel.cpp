@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
-#include <set>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,24 +19,16 @@
 namespace retrace::cpu {
 namespace {
 
-// The ranges one parallel loop over n iterations (parts of at least 1024) was split into, and
-// how many threads ran them.
-struct Cut {
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-  std::size_t threads = 0;
-};
-Cut cut_of(std::int64_t n) {
+// The ranges one parallel loop over n iterations (parts of at least 1024) was split into.
+std::vector<std::pair<std::int64_t, std::int64_t>> ranges_of(std::int64_t n) {
   std::mutex mutex;
-  Cut cut;
-  std::set<std::thread::id> threads;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   parallel_for(n, 1024, [&](std::int64_t begin, std::int64_t end) {
     std::lock_guard lock(mutex);
-    cut.ranges.emplace_back(begin, end);
-    threads.insert(std::this_thread::get_id());
+    ranges.emplace_back(begin, end);
   });
-  std::sort(cut.ranges.begin(), cut.ranges.end());
-  cut.threads = threads.size();
-  return cut;
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
 }
 
 void expect_cover(const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges,
@@ -56,36 +46,19 @@ TEST(KernelThreads, ALoopUsesAtMostTheCapOfItsScope) {
   const auto threads = static_cast<std::size_t>(kernel_threads());
   EXPECT_GE(threads, 1u);
   {
-    const Cut cut = cut_of(n);
-    expect_cover(cut.ranges, n);
-    EXPECT_LE(cut.threads, threads);
+    const auto ranges = ranges_of(n);
+    expect_cover(ranges, n);
+    EXPECT_LE(ranges.size(), threads);
   }
   for (int cap : {1, 2, 3, 1000}) {
     const KernelThreadCap scope(cap);
     EXPECT_EQ(serial_kernels(), cap == 1);
-    const Cut cut = cut_of(n);
-    expect_cover(cut.ranges, n);
-    EXPECT_LE(cut.threads, std::min(threads, static_cast<std::size_t>(cap))) << cap;
+    const auto ranges = ranges_of(n);
+    expect_cover(ranges, n);
+    EXPECT_LE(ranges.size(), std::min(threads, static_cast<std::size_t>(cap))) << cap;
     if (cap == 1) {
-      EXPECT_EQ(cut.ranges.size(), 1u);
+      EXPECT_EQ(ranges.size(), 1u);
     }
-  }
-  // The finer cut of a busy machine: more parts than threads, each run once, none by more
-  // threads than the cap allows.
-  {
-    detail::force_busy_cut(true);
-    const Cut cut = cut_of(n);
-    detail::force_busy_cut(false);
-    expect_cover(cut.ranges, n);
-    EXPECT_LE(cut.threads, threads);
-    if (threads > 1) {
-      EXPECT_GT(cut.ranges.size(), threads);
-    }
-    const KernelThreadCap serial(1);
-    detail::force_busy_cut(true);
-    const Cut one = cut_of(n);
-    detail::force_busy_cut(false);
-    EXPECT_EQ(one.ranges.size(), 1u);
   }
   // Scopes nest and restore the cap they found.
   {
