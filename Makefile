@@ -65,6 +65,8 @@ test-tsan: setup
 
 # `make bench LOAD=2` also measures every cell beside 2 busy processes (retrace bench --load).
 LOAD ?= 0
+# Image sizes of the VAE decode row (a 512x512 decode takes about 16 s per call on 2 cores).
+DECODE_SIZES ?= 256
 bench:
 	@scripts/setup.sh --bench
 	$(MAKE) build
@@ -75,6 +77,11 @@ bench:
 	  .venv-peers/bin/python bench/python/peers.py --steps-dir build/peers \
 	    --bench-json build/bench.json --plot build/bench_peers.png; \
 	else echo "make bench: peers skipped (ONNX Runtime / PyTorch could not be installed from PyPI)"; fi
+	@# The VAE decode: retrace decode against diffusers' decoder (eager, torch.compile, ONNX Runtime).
+	@if scripts/peers-env.sh > /dev/null; then \
+	  .venv-peers/bin/python bench/python/decode_peers.py --retrace build/bin/retrace \
+	    --workdir build/decode --json build/bench_decode.json --sizes $(DECODE_SIZES); \
+	else echo "make bench: the decode's peers skipped (PyTorch / diffusers could not be installed)"; fi
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops
 	./build/bin/retrace_bench_tracer

@@ -1,9 +1,14 @@
-// retrace inspect: capture one sampler step of the DiT and print its trace — commands
-// by op, memory, input slots — and optionally a Graphviz graph of it (--dot FILE): one node per
-// command, an edge from the last earlier command that used one of its buffers.
+// retrace inspect: capture one sampler step of the DiT (or, with --vae, one decode of the VAE)
+// and print its trace — commands by op, memory, input slots — and optionally a Graphviz graph
+// of it (--dot FILE): one node per command, an edge from the last earlier command that used one
+// of its buffers.
 #include "demo_common.hpp"
 #include "model_options.hpp"
 
+#include <retrace/models/safetensors.hpp>
+#include <retrace/models/vae.hpp>
+
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -116,10 +121,79 @@ void print_profile(const TraceProfile& p, const std::string& json_path) {
               json_path.c_str());
 }
 
+namespace {
+
+// What inspect prints of a captured trace after its title line: its size, commands by op, the
+// input slots and the output; then the Graphviz graph and the profile when asked.
+int report_trace(Device& device, TraceId trace,
+                 const std::vector<std::pair<std::string, const Tensor*>>& slots,
+                 const Tensor& output, const InspectOptions& inspect) {
+  const TraceInfo info = device.trace_info(trace);
+  std::printf(
+      "  %zu commands, %s of private trace memory in %zu buffers, %zu outside buffers kept alive\n",
+      info.commands, human_bytes(info.bytes).c_str(), info.pool_buffers, info.external_buffers);
+  std::map<std::string_view, std::size_t> by_op;
+  for (std::string_view op : info.ops) ++by_op[op];
+  std::vector<std::pair<std::size_t, std::string_view>> sorted;
+  for (const auto& [op, n] : by_op) sorted.emplace_back(n, op);
+  std::sort(sorted.rbegin(), sorted.rend());
+  std::printf("commands by op:\n");
+  for (const auto& [n, op] : sorted)
+    std::printf("  %-30.*s %5zu\n", static_cast<int>(op.size()), op.data(), n);
+  std::printf("input slots (replays read these buffers; refresh them in place):\n");
+  std::vector<std::pair<std::string, std::uint64_t>> inputs;
+  for (const auto& [name, slot] : slots) {
+    std::printf("  %-22s %s\n", name.c_str(), slot->to_string().c_str());
+    inputs.emplace_back(name, slot->address());
+  }
+  std::printf("output (the same object on every replay):\n  %s\n", output.to_string().c_str());
+  if (!inspect.dot_path.empty()) {
+    write_dot(inspect.dot_path, info, inputs, output.address());
+    std::printf("wrote %s (render: dot -Tpng %s -o trace.png)\n", inspect.dot_path.c_str(),
+                inspect.dot_path.c_str());
+  }
+  if (inspect.profile) {
+    print_profile(device.profile_trace(trace, kDefaultQueue, inspect.replays), inspect.trace_json);
+  }
+  std::printf("what these lines mean: %s\n", docs_page("cli.md#retrace-inspect").c_str());
+  return 0;
+}
+
+// inspect --vae: the trace of one decode of a [1, C, input size, input size] latent.
+int inspect_vae(ModelOptions& o, const InspectOptions& inspect) {
+  const DType dtype = o.dtype == "bfloat16"  ? DType::bfloat16
+                      : o.dtype == "float16" ? DType::float16
+                                             : DType::float32;
+  const auto weights = models::read_safetensors(inspect.vae);
+  const models::VaeDecoderConfig config =
+      models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = dtype});
+  const std::int64_t size = o.config.input_size;
+  const Shape shape{1, config.latent_channels, size, size};
+  o.extra_bytes = 2 * models::VaeDecoder::decode_bytes(config, shape);
+  o.trace_bytes = models::VaeDecoder::decode_bytes(config, shape);
+  auto device = open_device(o);
+  models::VaeDecoder vae(config, *device, weights,
+                         o.allow_unused ? models::UnusedWeights::warn : models::UnusedWeights::error);
+  auto decode = make_tracer([&](const Tensor& latents) { return vae.decode(latents); }, *device,
+                            TraceOptions{.name = "VAE decode"});
+  const Tensor latents = ops::full(shape, 0.1, *device, dtype);
+  const Tensor& output = decode(latents);
+  const TraceId trace = decode.trace_ids().front();
+  std::printf("trace %llu of one VAE decode (%s latents -> %s image, blocks [%s], %s) on %s\n",
+              static_cast<unsigned long long>(trace.value), shape.to_string().c_str(),
+              output.shape().to_string().c_str(),
+              fmt::format("{}", fmt::join(config.block_out_channels, ", ")).c_str(),
+              o.dtype.c_str(), device->name().c_str());
+  return report_trace(*device, trace, {{"args[0] latents", &std::get<0>(decode.inputs())}},
+                      output, inspect);
+}
+
+}  // namespace
+
 int run_inspect(ModelOptions& o, const InspectOptions& inspect) {
-  const std::string& dot_path = inspect.dot_path;
   RETRACE_CHECK(inspect.trace_json.empty() || inspect.profile, invalid_argument,
                 "inspect: --trace-json needs --profile");
+  if (!inspect.vae.empty()) return inspect_vae(o, inspect);
   auto device = open_device(o);
   auto model = make_model(o, *device);
   const models::DiTConfig& c = model->config();
@@ -140,47 +214,19 @@ int run_inspect(ModelOptions& o, const InspectOptions& inspect) {
   const Tensor labels = upload(model->label_rows({&label, 1}), {1, c.num_classes + 1});
   const Tensor& output = step(latents, features, labels, upload({0.9f, 0.1f}, {2}));
   const TraceId trace = step.trace_ids().front();
-  const TraceInfo info = device->trace_info(trace);
-
   std::printf(
       "trace %llu of one DiT sampler step (%lld tokens, hidden %lld, depth %lld, heads %lld, %s) "
       "on %s\n",
       static_cast<unsigned long long>(trace.value), static_cast<long long>(c.tokens()),
       static_cast<long long>(c.hidden), static_cast<long long>(c.depth),
       static_cast<long long>(c.heads), o.dtype.c_str(), device->name().c_str());
-  std::printf(
-      "  %zu commands, %s of private trace memory in %zu buffers, %zu outside buffers kept alive\n",
-      info.commands, human_bytes(info.bytes).c_str(), info.pool_buffers, info.external_buffers);
-  std::map<std::string_view, std::size_t> by_op;
-  for (std::string_view op : info.ops) ++by_op[op];
-  std::vector<std::pair<std::size_t, std::string_view>> sorted;
-  for (const auto& [op, n] : by_op) sorted.emplace_back(n, op);
-  std::sort(sorted.rbegin(), sorted.rend());
-  std::printf("commands by op:\n");
-  for (const auto& [n, op] : sorted)
-    std::printf("  %-30.*s %5zu\n", static_cast<int>(op.size()), op.data(), n);
-  std::printf("input slots (replays read these buffers; refresh them in place):\n");
-  std::vector<std::pair<std::string, std::uint64_t>> inputs;
   const auto& [slot_latents, slot_t, slot_labels, slot_ab] = step.inputs();
-  for (const auto& [name, slot] :
-       {std::pair<std::string, const Tensor*>{"args[0] latents", &slot_latents},
-        {"args[1] timestep", &slot_t},
-        {"args[2] labels", &slot_labels},
-        {"args[3] coefficients", &slot_ab}}) {
-    std::printf("  %-22s %s\n", name.c_str(), slot->to_string().c_str());
-    inputs.emplace_back(name, slot->address());
-  }
-  std::printf("output (the same object on every replay):\n  %s\n", output.to_string().c_str());
-  if (!dot_path.empty()) {
-    write_dot(dot_path, info, inputs, output.address());
-    std::printf("wrote %s (render: dot -Tpng %s -o trace.png)\n", dot_path.c_str(),
-                dot_path.c_str());
-  }
-  if (inspect.profile) {
-    print_profile(device->profile_trace(trace, kDefaultQueue, inspect.replays), inspect.trace_json);
-  }
-  std::printf("what these lines mean: %s\n", docs_page("cli.md#retrace-inspect").c_str());
-  return 0;
+  return report_trace(*device, trace,
+                      {{"args[0] latents", &slot_latents},
+                       {"args[1] timestep", &slot_t},
+                       {"args[2] labels", &slot_labels},
+                       {"args[3] coefficients", &slot_ab}},
+                      output, inspect);
 }
 
 }  // namespace retrace::cli

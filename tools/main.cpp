@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
     inspect->add_option("--replays", inspect_extra.replays,
                         "timed replays of --profile (medians are reported)")
         ->check(retrace::cli::whole_number(1, 100000));
+    inspect->add_option("--vae", inspect_extra.vae,
+                        "inspect one decode of this VAE (diffusers' AutoencoderKL .safetensors) "
+                        "of a [1, C, --input-size, --input-size] latent instead of a DiT step")
+        ->check(CLI::ExistingFile);
     inspect->add_option("--trace-json", inspect_extra.trace_json,
                         "with --profile: write a Chrome/Perfetto trace of one replay (open it in "
                         "ui.perfetto.dev or chrome://tracing)");

@@ -60,6 +60,7 @@ struct InspectOptions {
   bool profile = false;     // time every command over `replays` replays
   std::size_t replays = 20;
   std::string trace_json;   // with profile: a Chrome/Perfetto trace file of one replay
+  std::string vae;          // inspect one decode of this VAE instead of a DiT step
 };
 
 // "must be a whole number from MIN to MAX": checked before CLI11 converts the text, so a

@@ -3,7 +3,9 @@
 The same model and loop as the C++ `retrace demo` (random weights, DDIM steps with
 classifier-free guidance), run eagerly and traced (a traced_function method, one trace per
 resolution selected by tracer_trace_key), with StateTensors for the timestep, the step's
-coefficients and the latents. Exits 1 if the traced and eager final latents differ in any bit.
+coefficients and the latents. With --vae, the final latents are decoded by the Stable Diffusion
+VAE (retrace.models, traced per resolution) and the image written (--out). Exits 1 if the
+traced and eager final latents, or decoded images, differ in any bit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import retrace
+import retrace.models
 from retrace import ops
 
 
@@ -252,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--vae", help="decode the final latents with this VAE (diffusers "
+                        "AutoencoderKL .safetensors) and write the image")
+    parser.add_argument("--out", default="dit_sample.png", help="with --vae: the image (PNG)")
     args = parser.parse_args(argv)
 
     config = DiTConfig(input_size=args.input_size, patch_size=args.patch,
@@ -262,6 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     dtype = retrace.DType.__members__[args.dtype]
     device = retrace.open_device(args.device)
     model = DiT(config, device, dtype)
+    vae = None
+    if args.vae is not None:
+        vae = retrace.models.VaeDecoder(args.vae, device, dtype)
+        if vae.latent_channels != config.in_channels:
+            parser.error(f"--vae {args.vae} decodes {vae.latent_channels}-channel latents; "
+                         f"the DiT makes {config.in_channels}-channel ones")
+
+    @retrace.traced_function(name="VAE decode")
+    def decode(latents, device):
+        assert vae is not None
+        return vae.decode(latents)
+
     label = args.label if args.label >= 0 else (207 if config.num_classes > 207 else 0)
     if label >= config.num_classes:
         parser.error(f"--class {label}: the model has {config.num_classes} classes")
@@ -275,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     guidance = (f"classifier-free guidance scale {args.cfg_scale:g} (batch of 2)" if guided
                 else "no guidance")
     print(f"  {args.steps} DDIM steps, class {label}, {guidance}")
+    if vae is not None:
+        print(f"  VAE decoder {args.vae} (blocks {list(vae.block_out_channels)}, "
+              f"{vae.layers_per_block} layers per block, {args.dtype}): {vae.upscale}x upscale")
 
     sizes = [config.input_size]
     half = config.input_size // 2
@@ -337,6 +358,28 @@ def main(argv: list[str] | None = None) -> int:
                      and traced_final.tobytes() == eager_final.tobytes())
         print(f"  final latents ({traced_final.size} values): traced "
               f"{'== eager bit for bit' if identical else '!= eager -- MISMATCH'}")
+        if vae is not None:
+            # The decode, eager and then traced under the resolution's key (capture, replay).
+            t0 = time.perf_counter()
+            eager_image = vae.decode(latents.data).numpy()
+            decode_eager = (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter()
+            decode(latents.data, device, traced=True, tracer_trace_key=key)
+            device.synchronize()
+            decode_capture = (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter()
+            image = decode(latents.data, device, traced=True, tracer_trace_key=key)
+            device.synchronize()
+            decode_traced = (time.perf_counter() - t0) * 1e3
+            same = image.numpy().tobytes() == eager_image.tobytes()
+            identical = identical and same
+            print(f"  decode  eager {decode_eager:.1f} ms, traced {decode_traced:.1f} ms (first "
+                  f"call, with capture: {decode_capture:.1f} ms); image {list(image.shape)}, "
+                  f"traced {'== eager bit for bit' if same else '!= eager -- MISMATCH'}")
+            if size == sizes[0]:
+                rgb = retrace.models.vae_image(image, 0)
+                retrace.models.write_png(args.out, rgb)
+                print(f"  wrote {args.out} ({rgb.shape[1]}x{rgb.shape[0]} image decoded by the VAE)")
         results.append((key, float(np.median(eager_ms)), traced_median, identical))
 
     print("summary:")
@@ -344,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key:>7} latents: eager {eager:8.2f} ms/step, traced {traced:8.2f} ms/step, "
               f"speedup {eager / traced:.2f}x, {'identical' if identical else 'DIFFERENT'}")
     live = sum(t.trace_captured for t in DiT.sample_step.tracers())
-    print(f"  live traces: {live} (one per resolution)")
+    decoder_traces = sum(t.trace_captured for t in decode.tracers())
+    print(f"  live traces: {live} (one per resolution)"
+          + (f", and {decoder_traces} of the decoder" if vae is not None else ""))
     if not all(r[3] for r in results):
         print("retrace demo: traced and eager results differ; this is a bug", file=sys.stderr)
         return 1

@@ -77,6 +77,7 @@ void bind_errors(nb::module_& m);
 void bind_tensors(nb::module_& m);
 void bind_ops(nb::module_& m);
 void bind_tracer(nb::module_& m);
+void bind_models(nb::module_& m);
 void bind_mesh(nb::module_& m);
 
 }  // namespace retrace::python

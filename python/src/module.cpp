@@ -13,4 +13,5 @@ NB_MODULE(_core, m) {
   retrace::python::bind_ops(m);
   retrace::python::bind_tracer(m);
   retrace::python::bind_mesh(m);
+  retrace::python::bind_models(m);
 }
