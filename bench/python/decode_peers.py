@@ -1,8 +1,8 @@
 """The VAE decode of `make bench`: retrace's traced decode against diffusers' decoder in PyTorch
 eager, torch.compile and ONNX Runtime, on the same weights and latents.
 
-A randomly initialised AutoencoderKL of the Stable Diffusion VAE's size (diffusers' default
-architecture: blocks 128, 256, 512, 512, two layers per block, 83M parameters, seeded) is saved
+A randomly initialised AutoencoderKL of the Stable Diffusion VAE's size (its config.json:
+blocks 128, 256, 512, 512, two layers per block, 32 groups, 83M parameters, seeded) is saved
 as diffusers saves it; for each image size (a latent of size / 8) and thread count:
 
 - retrace: `retrace decode` on that file (RETRACE_KERNEL_THREADS), the median of its timed
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +70,11 @@ def main() -> int:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    vae = AutoencoderKL().eval()  # diffusers' default: the Stable Diffusion VAE's architecture
+    blocks = (128, 256, 512, 512)  # the Stable Diffusion VAE's architecture (its config.json)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
+                        block_out_channels=blocks, layers_per_block=2, norm_num_groups=32,
+                        down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4).eval()
     with torch.no_grad():
         for p in vae.parameters():
             if p.dim() == 1:
@@ -127,8 +132,10 @@ def main() -> int:
             try:
                 import onnxruntime as ort
                 if not onnx_path.exists():
-                    torch.onnx.export(decoder, (zt,), str(onnx_path), opset_version=17,
-                                      input_names=["z"], output_names=["image"], dynamo=False)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        torch.onnx.export(decoder, (zt,), str(onnx_path), opset_version=17,
+                                          input_names=["z"], output_names=["image"], dynamo=False)
                 options = ort.SessionOptions()
                 options.intra_op_num_threads = threads
                 options.inter_op_num_threads = 1
