@@ -15,15 +15,12 @@
 #include <fmt/ranges.h>
 
 #include <cstdio>
-#include <filesystem>
 
 namespace retrace::cli {
 
 int run_decode(ModelOptions& o, const DecodeOptions& d) {
   using timing::Clock;
-  const DType dtype = o.dtype == "bfloat16"  ? DType::bfloat16
-                      : o.dtype == "float16" ? DType::float16
-                                             : DType::float32;
+  const DType dtype = dtype_named(o.dtype);
   const auto weights = models::read_safetensors(d.vae);
   const models::VaeDecoderConfig config = models::infer_vae_decoder_config(
       weights, models::VaeInference{
@@ -82,12 +79,7 @@ int run_decode(ModelOptions& o, const DecodeOptions& d) {
   std::printf("  image: traced %s eager %s\n", identical ? "==" : "!=",
               identical ? "bit for bit" : "-- MISMATCH");
   for (std::int64_t i = 0; i < s[0]; ++i) {
-    std::string path = d.out;
-    if (s[0] > 1) {
-      const std::filesystem::path p(d.out);
-      path = (p.parent_path() / fmt::format("{}_{}{}", p.stem().string(), i, p.extension().string()))
-                 .string();
-    }
+    const std::string path = batch_image_path(d.out, i, s[0]);
     const models::RgbImage rgb = models::vae_image(image, i);
     models::write_png(path, rgb);
     std::printf("  wrote %s (%lldx%lld)\n", path.c_str(), static_cast<long long>(rgb.width),

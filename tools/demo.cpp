@@ -77,10 +77,6 @@ std::vector<Start> starting_latents(const models::DiT& model, const DemoOptions&
   return starts;
 }
 
-DType dtype_of(const std::string& name) {
-  return name == "bfloat16" ? DType::bfloat16 : name == "float16" ? DType::float16 : DType::float32;
-}
-
 // --vae: its tensors (memory-mapped) and, before the device opens, the memory its decodes need
 // added to the device's default size and trace region: the largest resolution's decode, eager and
 // traced (the other resolution's trace is a quarter of it).
@@ -88,7 +84,7 @@ std::map<std::string, Tensor> read_vae(ModelOptions& o, const DemoOptions& d) {
   if (d.vae.empty()) return {};
   auto weights = models::read_safetensors(d.vae);
   const models::VaeDecoderConfig config =
-      models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = dtype_of(o.dtype)});
+      models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = dtype_named(o.dtype)});
   Shape latents{1, config.latent_channels, o.config.input_size, o.config.input_size};
   if (!d.noise.empty()) {
     latents = models::read_npy(d.noise).shape();
@@ -117,14 +113,6 @@ std::unique_ptr<models::VaeDecoder> load_vae(const DemoOptions& d,
                 "demo: --vae {} decodes {}-channel latents; the DiT makes {}-channel ones",
                 d.vae, config.latent_channels, c.in_channels);
   return std::make_unique<models::VaeDecoder>(config, device, weights);
-}
-
-// Image i of a batch goes to `path`, or to path with _i before its extension when B > 1.
-std::string image_path(const std::string& path, std::int64_t i, std::int64_t batch) {
-  if (batch == 1) return path;
-  const std::filesystem::path p(path);
-  return (p.parent_path() / fmt::format("{}_{}{}", p.stem().string(), i, p.extension().string()))
-      .string();
 }
 
 // The traced object: the model and, for a stochastic sampler, the generator of its noise (null
@@ -372,7 +360,7 @@ int run_demo(ModelOptions& o, const DemoOptions& d) {
                   result.decode_identical ? "bit for bit" : "-- MISMATCH");
       if (primary) {
         for (std::int64_t i = 0; i < run.batch; ++i) {
-          const std::string path = image_path(image_out, i, run.batch);
+          const std::string path = batch_image_path(image_out, i, run.batch);
           const models::RgbImage rgb = models::vae_image(image, i);
           models::write_png(path, rgb);
           std::printf("  wrote %s (%lldx%lld image decoded by the VAE)\n", path.c_str(),

@@ -161,9 +161,7 @@ int report_trace(Device& device, TraceId trace,
 
 // inspect --vae: the trace of one decode of a [1, C, input size, input size] latent.
 int inspect_vae(ModelOptions& o, const InspectOptions& inspect) {
-  const DType dtype = o.dtype == "bfloat16"  ? DType::bfloat16
-                      : o.dtype == "float16" ? DType::float16
-                                             : DType::float32;
+  const DType dtype = dtype_named(o.dtype);
   const auto weights = models::read_safetensors(inspect.vae);
   const models::VaeDecoderConfig config =
       models::infer_vae_decoder_config(weights, models::VaeInference{.dtype = dtype});

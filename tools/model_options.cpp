@@ -70,6 +70,17 @@ std::size_t model_bytes(const ModelOptions& o) {
 
 }  // namespace
 
+DType dtype_named(const std::string& name) {
+  return name == "bfloat16" ? DType::bfloat16 : name == "float16" ? DType::float16 : DType::float32;
+}
+
+std::string batch_image_path(const std::string& path, std::int64_t i, std::int64_t batch) {
+  if (batch == 1) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / fmt::format("{}_{}{}", p.stem().string(), i, p.extension().string()))
+      .string();
+}
+
 CLI::Validator byte_size() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
@@ -158,9 +169,7 @@ std::unique_ptr<Device> open_device(const ModelOptions& options) {
 }
 
 std::unique_ptr<models::DiT> make_model(ModelOptions& options, Device& device) {
-  const DType dtype = options.dtype == "bfloat16"  ? DType::bfloat16
-                      : options.dtype == "float16" ? DType::float16
-                                                   : DType::float32;
+  const DType dtype = dtype_named(options.dtype);
   options.config.dtype = dtype;
   if (options.weights.empty()) return std::make_unique<models::DiT>(options.config, device);
   auto given = [&](const char* name) { return options.app != nullptr && options.app->count(name) > 0; };

@@ -30,6 +30,13 @@ struct ModelOptions {
 
 void add_model_options(CLI::App& app, ModelOptions& options);
 
+// The dtype named by --dtype ("float32", "bfloat16" or "float16").
+[[nodiscard]] DType dtype_named(const std::string& name);
+// Where image i of a batch of B is written: `path` itself when B is 1, else path with _i before
+// its extension (out.png -> out_0.png, out_1.png, ...).
+[[nodiscard]] std::string batch_image_path(const std::string& path, std::int64_t i,
+                                           std::int64_t batch);
+
 // retrace demo's sampling options.
 struct DemoOptions {
   std::int64_t label = -1;  // -1: 207 (as the reference's sample script) or 0 with fewer classes
