@@ -196,6 +196,202 @@ TEST_F(OpImageTest, Conv2dChunksOfColumnsReplayBitForBitAndAgreeWithTheWhole) {
   }
 }
 
+// The float64 convolution of stored float32 values (3x3 and any padding, stride 1, one group):
+// values and, per output, the sum of the terms' magnitudes.
+struct Conv3x3Reference {
+  std::vector<double> value, magnitude;
+};
+Conv3x3Reference conv3x3_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                   const std::vector<float>& b, std::int64_t n, std::int64_t c,
+                                   std::int64_t h, std::int64_t wd, std::int64_t o,
+                                   std::int64_t ph, std::int64_t pw) {
+  const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2;
+  Conv3x3Reference r;
+  for (std::int64_t ni = 0; ni < n; ++ni) {
+    for (std::int64_t oc = 0; oc < o; ++oc) {
+      for (std::int64_t i = 0; i < ho; ++i) {
+        for (std::int64_t j = 0; j < wo; ++j) {
+          double sum = b.empty() ? 0.0 : b[static_cast<std::size_t>(oc)];
+          double magnitude = std::abs(sum);
+          for (std::int64_t ci = 0; ci < c; ++ci) {
+            for (std::int64_t a = 0; a < 3; ++a) {
+              for (std::int64_t bb = 0; bb < 3; ++bb) {
+                const std::int64_t yi = i + a - ph, xj = j + bb - pw;
+                if (yi < 0 || yi >= h || xj < 0 || xj >= wd) continue;
+                const double term =
+                    static_cast<double>(x[static_cast<std::size_t>(((ni * c + ci) * h + yi) * wd + xj)]) *
+                    w[static_cast<std::size_t>(((oc * c + ci) * 3 + a) * 3 + bb)];
+                sum += term;
+                magnitude += std::abs(term);
+              }
+            }
+          }
+          r.value.push_back(sum);
+          r.magnitude.push_back(magnitude);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+struct Restore3x3 {
+  std::size_t bytes = ops::conv2d_column_bytes();
+  bool winograd = ops::conv2d_winograd();
+  ~Restore3x3() {
+    ops::set_conv2d_column_bytes(bytes);
+    ops::set_conv2d_winograd(winograd);
+  }
+};
+
+// float32 3x3 convolutions with at least 16 channels each side go through the CPU device's
+// Winograd kernel (F(4x4, 3x3)): against float64, at image sizes that are and are not multiples
+// of the 4x4 tile (1 pixel wide, a last partial tile, padding 0, 1 and 2, batches), with the
+// transformed input made a row of tiles at a time and all at once; traced == eager bit for bit.
+// The tolerance: 4e-6 of the largest term magnitude sum in the output (the transforms mix the
+// values of a 6x6 block, so an output's error follows its neighbours' sizes, not its own).
+TEST_F(OpImageTest, Conv2dWinogradMatchesAFloat64Reference) {
+  Restore3x3 restore;
+  struct Case {
+    std::int64_t n, c, h, w, o, ph, pw;
+    bool bias;
+  };
+  const std::vector<Case> cases{
+      {1, 16, 4, 4, 16, 1, 1, true},    {2, 24, 7, 9, 17, 1, 1, true},
+      {1, 16, 6, 7, 32, 0, 0, false},   {1, 16, 17, 1, 16, 1, 1, true},
+      {1, 20, 9, 10, 20, 2, 1, true},   {1, 64, 33, 35, 48, 1, 1, true},
+      {3, 16, 12, 12, 16, 1, 1, false}, {1, 32, 1, 40, 16, 1, 1, true},
+  };
+  std::uint64_t salt = 700;
+  for (const Case& k : cases) {
+    const auto xv = testing::random_floats(static_cast<std::size_t>(k.n * k.c * k.h * k.w), ++salt);
+    const auto wv = testing::random_floats(static_cast<std::size_t>(k.o * k.c * 9), ++salt);
+    const auto bv = k.bias ? testing::random_floats(static_cast<std::size_t>(k.o), ++salt)
+                           : std::vector<float>{};
+    const Tensor x = device_tensor(device(), xv, {k.n, k.c, k.h, k.w});
+    const Tensor w = device_tensor(device(), wv, {k.o, k.c, 3, 3});
+    const Tensor b = k.bias ? device_tensor(device(), bv, {k.o}) : Tensor{};
+    const ops::Conv2dOptions options{{1, 1}, {k.ph, k.pw}, {1, 1}, 1};
+    const Conv3x3Reference want = conv3x3_reference(xv, wv, bv, k.n, k.c, k.h, k.w, k.o, k.ph, k.pw);
+    const double scale = *std::max_element(want.magnitude.begin(), want.magnitude.end());
+    for (std::size_t bytes : {std::size_t{1}, std::size_t{32} << 20}) {
+      ops::set_conv2d_column_bytes(bytes);
+      ops::set_conv2d_winograd(true);
+      const Tensor y = ops::conv2d(x, w, b, options);
+      ASSERT_EQ(y.shape(), (Shape{k.n, k.o, k.h + 2 * k.ph - 2, k.w + 2 * k.pw - 2}));
+      const auto got = y.to_vector<float>();
+      ASSERT_EQ(got.size(), want.value.size());
+      double worst = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::abs(got[i] - want.value[i]));
+      }
+      EXPECT_LE(worst, 4e-6 * scale) << k.c << "->" << k.o << " " << k.h << "x" << k.w
+                                     << " padding " << k.ph << "," << k.pw << " chunk " << bytes;
+      auto traced = make_tracer([&](const Tensor& xx) { return ops::conv2d(xx, w, b, options); },
+                                device());
+      const auto bits = testing::float_bits(y);
+      EXPECT_EQ(testing::float_bits(traced(x)), bits) << "capture";
+      EXPECT_EQ(testing::float_bits(traced(x)), bits) << "replay";
+      // The im2col path: the same values up to rounding.
+      ops::set_conv2d_winograd(false);
+      const auto direct = ops::conv2d(x, w, b, options).to_vector<float>();
+      double apart = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        apart = std::max(apart, std::abs(static_cast<double>(got[i]) - direct[i]));
+      }
+      EXPECT_LE(apart, 8e-6 * scale);
+    }
+  }
+}
+
+// A NaN or infinity in a 6x6 input block spreads to the whole 4x4 output tile in Winograd's
+// transforms; the kernel then computes the output directly, so NaN and infinity land where the
+// im2col path puts them and every other output stays finite. The same for values so large that
+// the transforms overflow while the direct sums do not, and for a non-finite weight.
+TEST_F(OpImageTest, Conv2dWinogradKeepsNaNAndInfinityWhereTheDirectSumPutsThem) {
+  Restore3x3 restore;
+  const std::int64_t n = 1, c = 16, h = 12, w = 13, o = 16;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto xv = testing::random_floats(static_cast<std::size_t>(n * c * h * w), 11);
+  auto wv = testing::random_floats(static_cast<std::size_t>(o * c * 9), 12);
+  const auto bv = testing::random_floats(static_cast<std::size_t>(o), 13);
+  std::vector<std::vector<float>> xs, ws;
+  auto x_inf = xv;
+  x_inf[static_cast<std::size_t>((3 * h + 5) * w + 6)] = inf;
+  xs.push_back(x_inf);
+  ws.push_back(wv);
+  auto x_nan = xv;
+  x_nan[static_cast<std::size_t>((0 * h + 0) * w + 12)] = nan;
+  xs.push_back(x_nan);
+  ws.push_back(wv);
+  auto x_big = xv;
+  for (float& v : x_big) v *= 2e36f;  // direct sums stay below float32's limit (~3.4e38)
+  xs.push_back(x_big);
+  ws.push_back(wv);
+  auto w_inf = wv;
+  w_inf[static_cast<std::size_t>((5 * c + 2) * 9 + 4)] = -inf;
+  xs.push_back(xv);
+  ws.push_back(w_inf);
+  const ops::Conv2dOptions options{{1, 1}, {1, 1}, {1, 1}, 1};
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    const Tensor x = device_tensor(device(), xs[k], {n, c, h, w});
+    const Tensor wt = device_tensor(device(), ws[k], {o, c, 3, 3});
+    const Tensor b = device_tensor(device(), bv, {o});
+    ops::set_conv2d_winograd(true);
+    const Tensor y = ops::conv2d(x, wt, b, options);
+    const auto got = y.to_vector<float>();
+    auto traced = make_tracer([&](const Tensor& xx) { return ops::conv2d(xx, wt, b, options); },
+                              device());
+    EXPECT_EQ(testing::float_bits(traced(x)), testing::float_bits(y)) << "case " << k;
+    ops::set_conv2d_winograd(false);
+    const auto want = ops::conv2d(x, wt, b, options).to_vector<float>();
+    ASSERT_EQ(got.size(), want.size());
+    std::size_t non_finite = 0;
+    float largest = 0.0f;
+    for (float v : want) {
+      if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
+    }
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << "case " << k << " at " << i;
+      ASSERT_EQ(std::isinf(got[i]), std::isinf(want[i])) << "case " << k << " at " << i;
+      if (!std::isfinite(want[i])) {
+        ++non_finite;
+        if (std::isinf(want[i])) {
+          EXPECT_EQ(got[i], want[i]) << "case " << k << " at " << i;
+        }
+        continue;
+      }
+      EXPECT_NEAR(got[i], want[i], 1e-5 * largest) << "case " << k << " at " << i;
+    }
+    // An interior infinity reaches the 3x3 outputs around it in every output channel, a NaN in
+    // a corner the 2x2 there, an infinite weight its whole output channel; large values none.
+    const std::size_t expected[] = {static_cast<std::size_t>(9 * o), static_cast<std::size_t>(4 * o),
+                                    0, static_cast<std::size_t>(h * w)};
+    EXPECT_EQ(non_finite, expected[k]) << "case " << k;
+  }
+}
+
+// The Winograd kernel's products run one per thread and its transforms element by element, so
+// a device with one kernel thread gives the bits of one with all of them.
+TEST(Conv2dWinogradThreads, TheKernelThreadsGiveTheBitsOfOneThread) {
+  if (testing::test_backend() != "cpu") GTEST_SKIP() << "the CPU device's kernel threads";
+  Restore3x3 restore;
+  ops::set_conv2d_winograd(true);
+  auto split = open_cpu_device(CpuDeviceOptions{.id = DeviceId{13}});
+  auto whole = open_cpu_device(CpuDeviceOptions{.id = DeviceId{14}, .kernel_threads = 1});
+  const auto xv = testing::random_floats(2 * 48 * 21 * 22, 31);
+  const auto wv = testing::random_floats(40 * 48 * 9, 32);
+  const auto bv = testing::random_floats(40, 33);
+  auto run = [&](Device& device) {
+    const Tensor y = ops::conv2d(device_tensor(device, xv, {2, 48, 21, 22}),
+                                 device_tensor(device, wv, {40, 48, 3, 3}),
+                                 device_tensor(device, bv, {40}), {{1, 1}, {1, 1}, {1, 1}, 1});
+    return testing::float_bits(y);
+  };
+  EXPECT_EQ(run(*split), run(*whole));
+}
+
 TEST_F(OpImageTest, PadPlacesTheTensorInsideAConstantFrame) {
   const std::vector<float> v{1, 2, 3, 4, 5, 6};
   const Tensor a = device_tensor(device(), v, {2, 3});

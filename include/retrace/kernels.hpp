@@ -42,7 +42,8 @@ class Buffer;
   X(random, RandomParams)               \
   X(compare, CompareParams)             \
   X(where, WhereParams)                 \
-  X(gather, GatherParams)
+  X(gather, GatherParams)               \
+  X(winograd, WinogradParams)
 
 enum class KernelId : std::uint16_t {
 #define RETRACE_KERNEL_ENUM(name, params) name,
@@ -185,6 +186,36 @@ struct MatmulParams {
   bool trans_a;
   bool trans_b;
 };
+
+// A 3x3 convolution with stride 1, no dilation and one group, by Winograd's F(4x4, 3x3): each
+// 4x4 block of output pixels from a 6x6 block of input by 36 products over the input channels
+// instead of 144 multiply-adds. out[n, o, ho, wo] = conv(x[n, c, h, w], weight[o, c, 3, 3]) +
+// bias, x read with pad_h / pad_w rows / columns of zeros around it (ho = h + 2 pad_h - 2). All
+// float32 and dense. scratch holds winograd_scratch_elements(...) floats: the transformed
+// weights, then the transformed input and the products of chunk_tiles tiles at a time. Where an
+// output is not finite (a NaN or infinity in x or weight, or an overflow in the transforms,
+// which spread one across a 4x4 block) the kernel computes the whole output again directly, so
+// non-finite values land where a direct convolution puts them.
+struct WinogradParams {
+  const void* x;
+  const void* weight;
+  const void* bias;  // [o] or null
+  void* out;
+  void* scratch;
+  std::int64_t n, c, h, w, o, ho, wo;
+  std::int64_t pad_h, pad_w;
+  std::int64_t chunk_tiles;  // tiles transformed and multiplied at a time (>= one row of tiles)
+  DType dtype;               // float32
+};
+// F(4x4, 3x3): 4x4 output tiles, 36 products per tile and channel pair.
+inline constexpr std::int64_t kWinogradTile = 4;
+inline constexpr std::int64_t kWinogradPoints = 36;
+// The floats WinogradParams::scratch holds: 36 * o * c for the weights, 36 * (c + o) per tile of
+// a chunk.
+[[nodiscard]] constexpr std::int64_t winograd_scratch_elements(std::int64_t c, std::int64_t o,
+                                                               std::int64_t chunk_tiles) noexcept {
+  return kWinogradPoints * (o * c + (c + o) * chunk_tiles);
+}
 
 // dst[idx . dst_strides] = src[idx . src_strides] over `shape` (elements of elem_size bytes).
 struct StridedCopyParams {

@@ -401,5 +401,13 @@ struct Conv2dOptions {
 // byte: then one output row at a time) before the ops that should use it, e.g. before a capture.
 [[nodiscard]] std::size_t conv2d_column_bytes() noexcept;
 void set_conv2d_column_bytes(std::size_t bytes) noexcept;
+// Whether conv2d computes float32 3x3 convolutions with stride 1, no dilation and one group (at
+// least 16 input and output channels) by Winograd's F(4x4, 3x3) where the device has that kernel
+// (the CPU device; default on): about 4x fewer multiply-adds, the transformed input and products
+// made conv2d_column_bytes() at a time. Its rounding differs from the im2col product's (errors
+// against a float64 reference about 1.5x those of the direct sum, measured on random data);
+// set false (before a capture) for the im2col path's bits.
+[[nodiscard]] bool conv2d_winograd() noexcept;
+void set_conv2d_winograd(bool enabled) noexcept;
 
 }  // namespace retrace::ops

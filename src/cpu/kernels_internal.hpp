@@ -99,5 +99,6 @@ KernelFn resolve(const RandomParams& p);
 KernelFn resolve(const CompareParams& p);
 KernelFn resolve(const WhereParams& p);
 KernelFn resolve(const GatherParams& p);
+KernelFn resolve(const WinogradParams& p);
 
 }  // namespace retrace::cpu

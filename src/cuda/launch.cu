@@ -90,6 +90,8 @@ const char* unsupported_reason(KernelId kernel, const void* params) noexcept {
     case KernelId::copy:
     case KernelId::typecast:
       return nullptr;
+    case KernelId::winograd:  // conv2d takes its im2col path (cuBLAS) on this device
+      return "the Winograd convolution";
     case KernelId::count_:
       break;
   }
@@ -153,6 +155,9 @@ cudaError_t launch(const WhereParams& p, const LaunchContext& ctx, cublasStatus_
 }
 cudaError_t launch(const GatherParams& p, const LaunchContext& ctx, cublasStatus_t*) {
   return launch_gather(p, ctx);
+}
+cudaError_t launch(const WinogradParams&, const LaunchContext&, cublasStatus_t*) {
+  return cudaErrorNotSupported;  // refused before (unsupported_reason)
 }
 cudaError_t launch(const CollectiveParams& p, const LaunchContext& ctx, cublasStatus_t*) {
   return stage_collective(p, ctx);  // NCCL starts it once every member has staged its part

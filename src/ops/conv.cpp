@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <numeric>
+#include <vector>
 
 namespace retrace::ops {
 
@@ -349,7 +350,65 @@ Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out
 
 namespace {
 std::atomic<std::size_t> column_bytes{std::size_t{32} << 20};
+std::atomic<bool> winograd{true};
+
+// Fewer input or output channels than this: the transforms cost more than the products save
+// (a VAE's first convolution has 4 input channels, its last 3 outputs).
+constexpr std::int64_t kWinogradMinChannels = 16;
+
+// conv2d by the device's Winograd kernel (3x3, stride 1, float32, one group); a null tensor when
+// the device has none (conv2d then takes its im2col path). The transformed input and products of
+// a chunk of tiles take at most conv2d_column_bytes() (at least one row of tiles).
+Tensor winograd_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t n,
+                       std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t o,
+                       std::int64_t ho, std::int64_t wo, std::int64_t ph, std::int64_t pw,
+                       QueueId queue) {
+  constexpr const char* op = "conv2d";
+  const std::int64_t tw = (wo + kWinogradTile - 1) / kWinogradTile;
+  const std::int64_t per_tile =
+      kWinogradPoints * (c + o) * static_cast<std::int64_t>(sizeof(float));
+  const auto budget = static_cast<std::int64_t>(
+      std::min<std::size_t>(conv2d_column_bytes(), std::size_t{1} << 40));
+  const std::int64_t tiles = n * ((ho + kWinogradTile - 1) / kWinogradTile) * tw;
+  const std::int64_t chunk_tiles =
+      std::min(tiles, std::max(tw, budget / per_tile / tw * tw));
+  WinogradParams params{};
+  params.n = n;
+  params.c = c;
+  params.h = h;
+  params.w = w;
+  params.o = o;
+  params.ho = ho;
+  params.wo = wo;
+  params.pad_h = ph;
+  params.pad_w = pw;
+  params.chunk_tiles = chunk_tiles;
+  params.dtype = DType::float32;
+  if (x.device()->unsupported_reason(make_launch(op, params, {})) != nullptr) return {};
+  const Tensor xd = dense(x, queue);
+  const Tensor wd = dense(weight, queue);
+  const Tensor bd = dense(bias, queue);
+  Tensor out = empty_like(x, Shape{n, o, ho, wo}, op);
+  const Tensor scratch =
+      empty_like(x, Shape{winograd_scratch_elements(c, o, chunk_tiles)}, op);
+  params.x = data_of(xd);
+  params.weight = data_of(wd);
+  params.bias = bd.is_null() ? nullptr : data_of(bd);
+  params.out = data_of(out);
+  params.scratch = data_of(scratch);
+  std::vector<Buffer*> buffers{xd.buffer().get(), wd.buffer().get(), out.buffer().get(),
+                               scratch.buffer().get()};
+  if (!bd.is_null()) buffers.push_back(bd.buffer().get());
+  x.device()->enqueue(queue, make_launch(op, params, buffers));
+  return out;
+}
 }  // namespace
+
+bool conv2d_winograd() noexcept { return winograd.load(std::memory_order_relaxed); }
+
+void set_conv2d_winograd(bool enabled) noexcept {
+  winograd.store(enabled, std::memory_order_relaxed);
+}
 
 std::size_t conv2d_column_bytes() noexcept { return column_bytes.load(std::memory_order_relaxed); }
 
@@ -407,6 +466,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                 span_h, span_w, dh, dw, hp, wp);
   const std::int64_t ho = (hp - span_h) / sh + 1, wo = (wp - span_w) / sw + 1;
 
+  if (kh == 3 && kw == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && groups == 1 &&
+      x.dtype() == DType::float32 && conv2d_winograd() && c >= kWinogradMinChannels &&
+      o >= kWinogradMinChannels && n > 0 && ho * wo >= 16) {
+    if (Tensor out = winograd_conv2d(x, weight, bias, n, c, h, w, o, ho, wo, ph, pw, queue);
+        !out.is_null()) {
+      return out;
+    }
+  }
   const Tensor padded = (ph > 0 || pw > 0) ? pad(x, {pw, pw, ph, ph}, 0.0, queue) : x;
   const std::int64_t k = cg * kh * kw;
   const std::int64_t og = o / groups;
