@@ -65,12 +65,13 @@ test-tsan: setup
 
 # `make bench LOAD=2` also measures every cell beside 2 busy processes (retrace bench --load).
 LOAD ?= 0
-# Image sizes of the VAE decode row (a 512x512 decode takes about 16 s per call on 2 cores).
-DECODE_SIZES ?= 256
+# Image sizes of the VAE decode row (a traced 512x512 decode takes about 7 s on 2 cores).
+DECODE_SIZES ?= 256,512
 bench:
 	@scripts/setup.sh --bench
 	$(MAKE) build
-	./build/bin/retrace bench --load $(LOAD) --json build/bench.json --plot build/bench.png
+	./build/bin/retrace bench --load $(LOAD) --decode $(DECODE_SIZES) --json build/bench.json \
+	  --plot build/bench.png
 	@# The peers (ONNX Runtime, torch.compile) on the same steps and weights, added to bench.json.
 	./build/bin/retrace bench --export-steps build/peers
 	@if scripts/peers-env.sh; then \
@@ -80,7 +81,8 @@ bench:
 	@# The VAE decode: retrace decode against diffusers' decoder (eager, torch.compile, ONNX Runtime).
 	@if scripts/peers-env.sh > /dev/null; then \
 	  .venv-peers/bin/python bench/python/decode_peers.py --retrace build/bin/retrace \
-	    --workdir build/decode --json build/bench_decode.json --sizes $(DECODE_SIZES); \
+	    --workdir build/decode --json build/bench_decode.json --sizes $(DECODE_SIZES) \
+	    --bench-json build/bench.json; \
 	else echo "make bench: the decode's peers skipped (PyTorch / diffusers could not be installed)"; fi
 	./build/bin/retrace_bench_device
 	./build/bin/retrace_bench_ops

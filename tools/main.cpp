@@ -12,6 +12,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -179,9 +180,10 @@ int main(int argc, char** argv) {
         "one denoising step: eager vs traced vs the kernel-library floor, 1 and 2 threads");
     bench->add_option("--json", bench_options.json_path, "write the results as JSON");
     bench->add_option("--plot", bench_options.plot_path, "write a PNG chart (needs gnuplot)");
-    bench->add_option("--sizes", bench_options.sizes, "sizes to run: S, M, L")
+    bench->add_option("--sizes", bench_options.sizes,
+                      "DiT sizes to run: S, M, L, or none (only the --decode row)")
         ->delimiter(',')
-        ->check(CLI::IsMember({"S", "M", "L"}));
+        ->check(CLI::IsMember({"S", "M", "L", "none"}));
     bench->add_option("--isa", bench_options.isas,
                       "CPU kernel variants to measure: names (x86-64, avx2, avx512) or all; "
                       "default: the one a device picks")
@@ -197,6 +199,23 @@ int main(int argc, char** argv) {
         ->check(retrace::cli::whole_number(1, 10000));
     bench->add_option("--steps", bench_options.steps, "steps per round")
         ->check(retrace::cli::whole_number(1, 10000));
+    bench->add_option("--decode", bench_options.decode_sizes,
+                      "also time the VAE decode to images of these sizes (e.g. 256,512; "
+                      "multiples of 8), eager and traced, 1 and 2 threads")
+        ->delimiter(',')
+        ->check(retrace::cli::whole_number(8, 8192));
+    bench->add_option("--decode-repeats", bench_options.decode_repeats,
+                      "timed decodes per mode (default 3)")
+        ->check(retrace::cli::whole_number(1, 1000));
+    std::string bench_conv2d = "winograd";
+    bench->add_option("--conv2d", bench_conv2d,
+                      "float32 3x3 convolutions: winograd (default, on the CPU device) or im2col "
+                      "(ops::set_conv2d_winograd(false))")
+        ->check(CLI::IsMember({"winograd", "im2col"}));
+    bench->add_option("--vae", bench_options.vae,
+                      "the decode row's VAE: diffusers' AutoencoderKL .safetensors (default: the "
+                      "Stable Diffusion VAE's architecture with random weights)")
+        ->check(CLI::ExistingFile);
     bench->add_option("--load", bench_options.load,
                       "also measure every cell with N busy processes spinning on this process' "
                       "CPUs (started and stopped by the bench), and report loaded / unloaded")
@@ -220,6 +239,18 @@ int main(int argc, char** argv) {
     }
     if (*demo) return retrace::cli::run_demo(demo_options, demo_extra);
     if (*decode) return retrace::cli::run_decode(decode_model, decode_options);
+    if (*bench) {
+      retrace::ops::set_conv2d_winograd(bench_conv2d == "winograd");
+      auto& sizes = bench_options.sizes;
+      sizes.erase(std::remove(sizes.begin(), sizes.end(), "none"), sizes.end());
+      for (std::int64_t image : bench_options.decode_sizes) {
+        if (image % 8 != 0) {
+          return fail(fmt::format("--decode {}: an image size is a multiple of 8 (the VAE "
+                                  "upsamples latents 8x)",
+                                  image));
+        }
+      }
+    }
     if (*bench && libtorch_peer > 0) {
       return retrace::bench::run_libtorch_peer(bench_options.sizes.at(0), libtorch_peer,
                                                bench_options.repeats, bench_options.steps);

@@ -14,6 +14,7 @@
 
 #include <retrace/models/dit.hpp>
 #include <retrace/models/safetensors.hpp>
+#include <retrace/models/vae.hpp>
 #include <retrace/retrace.hpp>
 #include "torch_dit.hpp"
 
@@ -24,11 +25,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -406,6 +409,7 @@ nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
     return optional(a && b ? std::optional<double>(*a / *b) : std::nullopt);
   };
   nlohmann::json row = {
+      {"model", "dit"},
       {"size", r.size},
       {"threads", r.threads},
       {"kernel_isa", r.isa},
@@ -436,6 +440,82 @@ nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
   return row;
 }
 
+// One cell of the decode row: the VAE decode of one latent at one image size and thread count.
+struct DecodeRow {
+  std::int64_t image = 0;
+  int threads = 1;
+  std::string isa;
+  double eager_ms = 0, traced_ms = 0;
+  bool identical = false;  // traced == eager bit for bit
+};
+
+// The decoder of --vae, or the Stable Diffusion VAE's (blocks 128, 256, 512, 512, two layers per
+// block, 83M parameters) with seeded random weights; eager and traced decodes of seeded random
+// latents alternate, one untimed call of each first, `repeats` timed of each.
+DecodeRow measure_decode(std::int64_t image, int threads, const std::string& vae_path,
+                         int repeats) {
+  cpu::set_kernel_thread_limit(threads);
+  models::VaeDecoderConfig config;
+  std::map<std::string, Tensor> weights;
+  if (!vae_path.empty()) {
+    weights = models::read_safetensors(vae_path);
+    config = models::infer_vae_decoder_config(weights);
+  }
+  RETRACE_CHECK(image % config.upscale() == 0, invalid_argument,
+                "bench: --decode {}: this VAE makes images {} times its latents; the size is not a "
+                "multiple of that", image, config.upscale());
+  const std::int64_t latent = image / config.upscale();
+  const Shape shape{1, config.latent_channels, latent, latent};
+  CpuDeviceOptions options;
+  const std::size_t decode_bytes = models::VaeDecoder::decode_bytes(config, shape);
+  options.memory_bytes = 3 * decode_bytes + (std::size_t{1} << 30);
+  options.trace_region_bytes = decode_bytes;
+  auto device = open_cpu_device(options);
+  std::optional<models::VaeDecoder> vae;
+  if (vae_path.empty()) {
+    vae.emplace(config, *device);
+  } else {
+    vae.emplace(config, *device, weights);
+  }
+  std::mt19937 rng(static_cast<std::uint32_t>(image));
+  std::normal_distribution<float> normal;
+  std::vector<float> z(static_cast<std::size_t>(shape.numel()));
+  for (float& v : z) v = normal(rng);
+  const Tensor latents = Tensor::from_vector<float>(z, shape, DType::float32).to_device(*device);
+  auto decode = traced_method(
+      &models::VaeDecoder::decode, [](models::VaeDecoder& v) -> Device& { return v.device(); },
+      TraceOptions{.name = "bench VAE decode"});
+  std::vector<double> eager_ms, traced_ms;
+  std::vector<float> eager, traced;
+  for (int r = -1; r < repeats; ++r) {
+    const double e = time_ms([&] {
+      const Tensor image_out = vae->decode(latents);
+      device->synchronize();
+      if (r == -1) eager = image_out.to_vector<float>();
+    });
+    const double t = time_ms([&] {
+      (void)decode(*vae, latents);
+      device->synchronize();
+    });
+    if (r >= 0) {
+      eager_ms.push_back(e);
+      traced_ms.push_back(t);
+    }
+  }
+  traced = decode(*vae, latents).to_vector<float>();
+  DecodeRow row;
+  row.image = image;
+  row.threads = threads;
+  row.isa = cpu_kernel_isa(*device);
+  row.eager_ms = median(eager_ms);
+  row.traced_ms = median(traced_ms);
+  row.identical = eager.size() == traced.size() &&
+                  std::equal(eager.begin(), eager.end(), traced.begin(), [](float a, float b) {
+                    return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+                  });
+  return row;
+}
+
 }  // namespace
 
 int run_dit_bench(const BenchOptions& options) {
@@ -443,18 +523,23 @@ int run_dit_bench(const BenchOptions& options) {
   const int repeats = options.repeats;
   const std::int64_t steps = options.steps;
   std::vector<Row> rows;
-  std::printf("retrace bench: one DiT sampler step, float32, medians of %d x %lld steps per mode%s\n",
-              repeats, static_cast<long long>(steps),
-              options.load > 0 ? fmt::format(", unloaded and beside {} busy process(es)",
-                                             options.load).c_str()
-                               : "");
+  if (!options.sizes.empty()) {
+    std::printf("retrace bench: one DiT sampler step, float32, medians of %d x %lld steps per "
+                "mode%s\n",
+                repeats, static_cast<long long>(steps),
+                options.load > 0 ? fmt::format(", unloaded and beside {} busy process(es)",
+                                               options.load).c_str()
+                                 : "");
+  }
   const bool with_torch = libtorch_available();
   const auto [default_isa, how] = default_cpu_kernel_isa();
   std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
               default_isa.c_str(), how.c_str());
-  std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
-              "eager_ms", "traced_ms", "floor_ms", "libtorch_ms", "eager/traced", "traced/floor",
-              "traced/torch");
+  if (!options.sizes.empty()) {
+    std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
+                "eager_ms", "traced_ms", "floor_ms", "libtorch_ms", "eager/traced",
+                "traced/floor", "traced/torch");
+  }
   for (const std::string& name : options.sizes) {
     const models::NamedDiTConfig& size = find_size(name);
     for (const std::string& isa : variants) {
@@ -486,6 +571,33 @@ int run_dit_bench(const BenchOptions& options) {
       }
     }
   }
+  std::vector<DecodeRow> decode_rows;
+  if (!options.decode_sizes.empty()) {
+    std::printf("\nthe VAE decode: %s, float32, latents [1, 4, size / 8, size / 8] -> an image "
+                "[1, 3, size, size]; medians of %d decodes per mode, eager and traced "
+                "alternating%s\n",
+                options.vae.empty() ? "the Stable Diffusion VAE's decoder (random weights)"
+                                    : ("the decoder of " + options.vae).c_str(),
+                options.decode_repeats,
+                ops::conv2d_winograd() ? "; 3x3 convolutions by Winograd F(4x4, 3x3)" : "");
+    std::printf("%5s %7s %-7s %10s %10s %13s %s\n", "image", "threads", "isa", "eager_ms",
+                "traced_ms", "eager/traced", "traced == eager");
+    for (std::int64_t image : options.decode_sizes) {
+      for (int threads : {1, 2}) {
+        cpu::set_kernel_thread_limit(threads);
+        if (cpu::kernel_threads() < threads) {
+          std::printf("%5lld %7d skipped: this process may run on %d CPU(s) only\n",
+                      static_cast<long long>(image), threads, cpu::kernel_threads());
+          continue;
+        }
+        const DecodeRow d = measure_decode(image, threads, options.vae, options.decode_repeats);
+        std::printf("%5lld %7d %-7s %10.1f %10.1f %12.2fx %s\n", static_cast<long long>(d.image),
+                    d.threads, d.isa.c_str(), d.eager_ms, d.traced_ms, d.eager_ms / d.traced_ms,
+                    d.identical ? "bit for bit" : "MISMATCH");
+        decode_rows.push_back(d);
+      }
+    }
+  }
   cpu::set_kernel_thread_limit(1 << 20);
   if (options.load > 0) print_load_table(rows, options.load);
   nlohmann::json out = nlohmann::json::array();
@@ -500,12 +612,30 @@ int run_dit_bench(const BenchOptions& options) {
       torch_mismatch = true;
     }
   }
+  bool decode_mismatch = false;
+  for (const DecodeRow& d : decode_rows) {
+    out.push_back({{"model", "vae_decode"},
+                   {"image", d.image},
+                   {"threads", d.threads},
+                   {"kernel_isa", d.isa},
+                   {"vae", options.vae.empty() ? "random" : options.vae},
+                   {"conv2d_winograd", ops::conv2d_winograd()},
+                   {"eager_ms", d.eager_ms},
+                   {"traced_ms", d.traced_ms},
+                   {"eager_over_traced", d.eager_ms / d.traced_ms},
+                   {"traced_equals_eager", d.identical}});
+    if (!d.identical) {
+      std::fprintf(stderr, "retrace bench: the traced decode at %lld, %d threads, differs from "
+                           "the eager one\n", static_cast<long long>(d.image), d.threads);
+      decode_mismatch = true;
+    }
+  }
   if (!options.json_path.empty()) {
     std::ofstream(options.json_path) << out.dump(2) << "\n";
     std::printf("wrote %s\n", options.json_path.c_str());
   }
-  if (!options.plot_path.empty()) write_plot(options.plot_path, rows, variants.size() > 1);
-  return torch_mismatch ? 1 : 0;
+  if (!options.plot_path.empty() && !rows.empty()) write_plot(options.plot_path, rows, variants.size() > 1);
+  return torch_mismatch || decode_mismatch ? 1 : 0;
 }
 
 int run_libtorch_peer(const std::string& size_name, int threads, int repeats,

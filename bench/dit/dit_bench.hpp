@@ -19,10 +19,17 @@ struct BenchOptions {
   // Busy competitor processes (bench/dit/load.hpp) to measure every cell under as well: each
   // round runs every mode unloaded, then again with `load` spinning processes beside it.
   int load = 0;
+  // Image sizes of the VAE decode row (empty: none), decodes per mode, and the decoder's
+  // safetensors (empty: the Stable Diffusion VAE's architecture with seeded random weights).
+  std::vector<std::int64_t> decode_sizes;
+  int decode_repeats = 3;
+  std::string vae;
 };
 
-// Prints the table; writes JSON and a gnuplot chart when paths are given. Returns the exit
-// status (1 when a peer's output disagrees with retrace's).
+// Prints the table (and the decode row's); writes JSON (an array: the step's rows, "model":
+// "dit", then the decode's, "model": "vae_decode") and a gnuplot chart when paths are given.
+// Returns the exit status (1 when a peer's output disagrees with retrace's, or a traced decode
+// with the eager one).
 int run_dit_bench(const BenchOptions& options);
 
 // Writes one safetensors file per size, DIR/dit_step_<size>.safetensors: the model's weights

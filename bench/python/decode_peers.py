@@ -6,7 +6,10 @@ blocks 128, 256, 512, 512, two layers per block, 32 groups, 83M parameters, seed
 as diffusers saves it; for each image size (a latent of size / 8) and thread count:
 
 - retrace: `retrace decode` on that file (RETRACE_KERNEL_THREADS), the median of its timed
-  replays of the traced decode;
+  replays of the traced decode; with --bench-json, the traced_ms of retrace bench's decode row
+  of that size and thread count instead (`retrace bench --decode`: the same architecture with
+  retrace's own random weights; `retrace decode` then only makes the image that the peers'
+  images are checked against), and the peers' columns go into that row;
 - PyTorch eager: `vae.decode(latents / 0.18215)` under inference_mode (torch.set_num_threads);
 - torch.compile: the same module compiled (inductor), after a warm-up call;
 - ONNX Runtime: the decoder exported by torch.onnx (opset 17), all graph optimisations,
@@ -18,7 +21,8 @@ Prints the table (ratios traced / peer), writes JSON. A peer that cannot run her
 with a line saying why.
 
     .venv-peers/bin/python bench/python/decode_peers.py --retrace build/bin/retrace \\
-        --workdir build/decode --json build/bench_decode.json [--sizes 256,512] [--rounds 3]
+        --workdir build/decode --json build/bench_decode.json [--sizes 256,512] [--rounds 3] \\
+        [--bench-json build/bench.json]
 """
 from __future__ import annotations
 
@@ -60,7 +64,14 @@ def main() -> int:
     parser.add_argument("--sizes", default="256", help="image sizes, e.g. 256,512")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bench-json", type=Path, default=None,
+                        help="retrace bench's JSON with a decode row (retrace bench --decode): "
+                             "retrace's time comes from its traced_ms, and the peers' columns "
+                             "are added to it")
     args = parser.parse_args()
+    bench_rows = json.loads(args.bench_json.read_text()) if args.bench_json else []
+    decode_rows = {(r["image"], int(r["threads"])): r for r in bench_rows
+                   if r.get("model") == "vae_decode"}
     try:
         import torch
         from diffusers import AutoencoderKL
@@ -104,15 +115,19 @@ def main() -> int:
         for threads in (int(t) for t in args.threads.split(",")):
             row = {"image": size, "threads": threads}
             env = dict(os.environ, RETRACE_KERNEL_THREADS=str(threads))
+            bench_row = decode_rows.get((size, threads))
             run = subprocess.run(
                 [args.retrace, "decode", "--vae", str(weights), "--latents",
-                 str(work / f"latents_{size}.npy"), "--replays", str(args.rounds), "--out",
+                 str(work / f"latents_{size}.npy"), "--replays",
+                 str(1 if bench_row else args.rounds), "--out",
                  str(work / f"retrace_{size}.png"), "--save-image", str(work / f"retrace_{size}.npy")],
                 capture_output=True, text=True, env=env)
             if run.returncode != 0:
                 print(run.stdout + run.stderr, file=sys.stderr)
                 return 1
             row["retrace_ms"] = float(re.search(r"traced  median ([0-9.]+) ms", run.stdout).group(1))
+            if bench_row:  # the bench's own measurement of the same architecture and size
+                row["retrace_ms"] = bench_row["traced_ms"]
             want = np.load(work / f"retrace_{size}.npy")
             torch.set_num_threads(threads)
             zt = torch.from_numpy(z)
@@ -153,6 +168,18 @@ def main() -> int:
                          "torch_compile", "compile").replace("onnxruntime", "ort"), 0) <= 1e-3}
             row["best_peer_ms"] = min(peers.values()) if peers else None
             rows.append(row)
+            if bench_row:
+                for key in ("eager_ms", "torch_compile_ms", "onnxruntime_ms"):
+                    name = "torch_eager_ms" if key == "eager_ms" else key
+                    if key in row:
+                        bench_row[name] = row[key]
+                        bench_row[f"traced_over_{name[:-3]}"] = bench_row["traced_ms"] / row[key]
+                for key in ("eager_error", "compile_error", "ort_error", "compile_s"):
+                    if key in row:
+                        bench_row[f"peer_{key}"] = row[key]
+                bench_row["best_peer_ms"] = row["best_peer_ms"]
+                bench_row["traced_over_best_peer"] = (
+                    bench_row["traced_ms"] / row["best_peer_ms"] if row["best_peer_ms"] else None)
 
             def cell(key):
                 return f"{row[key]:10.1f}" if key in row else f"{'-':>10}"
@@ -171,6 +198,14 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {args.json}")
+    if args.bench_json:
+        missing = [f"{r['image']}/{r['threads']}t" for r in rows
+                   if (r["image"], r["threads"]) not in decode_rows]
+        if missing:
+            print(f"decode_peers: {args.bench_json} has no decode row for {missing} (retrace "
+                  f"bench --decode); retrace's time there is retrace decode's")
+        args.bench_json.write_text(json.dumps(bench_rows, indent=2) + "\n")
+        print(f"decode_peers: wrote the peers' columns into the decode rows of {args.bench_json}")
     disagree = [r for r in rows for k in ("eager_error", "compile_error", "ort_error")
                 if r.get(k, 0) > 1e-3]
     return 1 if disagree else 0

@@ -367,9 +367,11 @@ def main() -> int:
                              "bench rows' load, or none)")
     args = parser.parse_args()
 
-    rows = json.loads(args.bench_json.read_text())
-    if isinstance(rows, dict):
-        rows = rows.get("rows", [])
+    all_rows = json.loads(args.bench_json.read_text())
+    if isinstance(all_rows, dict):
+        all_rows = all_rows.get("rows", [])
+    # The DiT step's rows (the VAE decode's, "model": "vae_decode", are decode_peers.py's).
+    rows = [r for r in all_rows if r.get("model", "dit") == "dit"]
     if args.load is None:
         args.load = max((int(r.get("load") or 0) for r in rows), default=0)
     print(f"peers: {json.dumps(versions())}; {os.cpu_count()} CPUs")
@@ -438,7 +440,7 @@ def main() -> int:
             print(f"{r['size']:>4} {r['threads']:>3} {over('traced_loaded_over_unloaded'):>15} "
                   f"{over('onnxruntime_loaded_over_unloaded'):>9} "
                   f"{over('torch_compile_loaded_over_unloaded'):>9}")
-    args.bench_json.write_text(json.dumps(rows, indent=2) + "\n")
+    args.bench_json.write_text(json.dumps(all_rows, indent=2) + "\n")
     print(f"peers: wrote the peers' columns into {args.bench_json}")
     plot(rows, args.plot)
     return 1 if failed else 0

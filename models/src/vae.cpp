@@ -276,7 +276,7 @@ std::size_t VaeDecoder::decode_bytes(const VaeDecoderConfig& c, const Shape& lat
   double weights = 0;
   for (const auto& entry : weight_shapes(c)) weights += static_cast<double>(entry.second.numel());
   // The widest activation and the largest convolution (its padded input, the columns of at
-  // most one chunk, its result rows and output), stage by stage.
+  // most one chunk, its transformed weights, its result rows and output), stage by stage.
   const auto batch = static_cast<double>(latents[0]);
   double pixels = static_cast<double>(latents[2]) * static_cast<double>(latents[3]);
   double widest = 0, conv = 0;
@@ -288,7 +288,10 @@ std::size_t VaeDecoder::decode_bytes(const VaeDecoderConfig& c, const Shape& lat
     widest = std::max(widest, batch * pixels * wider);
     const double columns =
         std::min(batch * pixels * wider * 9, static_cast<double>(ops::conv2d_column_bytes()) / element);
-    conv = std::max(conv, columns + batch * pixels * (wider + 3 * out));
+    // float32 3x3 convolutions by Winograd (ops::conv2d_winograd) also hold their weights
+    // transformed: 36 values per input and output channel pair.
+    const double transformed = c.dtype == DType::float32 ? 36 * wider * out : 0;
+    conv = std::max(conv, columns + transformed + batch * pixels * (wider + 3 * out));
     if (i + 1 < blocks) pixels *= 4;
   }
   return static_cast<std::size_t>((weights + conv + 6 * widest) * element) + (std::size_t{64} << 20);
