@@ -689,6 +689,13 @@ TEST_F(OpImageTest, BadInputIsRefusedWithTheOpsName) {
   expect_error([&] { (void)ops::conv2d(x, ops::full({2, 4, 3, 3}, 1.0, device()),
                                        ops::full({3}, 1.0, device())); },
                E, "conv2d: bias is [3] float32; expected [2] float32");
+  // A bias left on the host, at a shape the Winograd kernel would take.
+  expect_error([&] { (void)ops::conv2d(ops::full({1, 16, 8, 8}, 1.0, device()),
+                                       ops::full({16, 16, 3, 3}, 1.0, device()),
+                                       Tensor::from_vector<float>(std::vector<float>(16, 1.0f), Shape{16},
+                                                                  DType::float32),
+                                       {{1, 1}, {1, 1}, {1, 1}, 1}); },
+               E, "conv2d");
   expect_error([&] { (void)ops::pad(x, {1}); }, E, "pad: 1 padding values");
   expect_error([&] { (void)ops::pad(x, {-1, 0}); }, E, "pad: padding of dimension 3 is (-1, 0)");
   expect_error([&] { (void)ops::pad(ops::full({3}, 1.0, device(), DType::int32), {1, 1}, 0.5); },

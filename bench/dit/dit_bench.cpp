@@ -531,7 +531,7 @@ int run_dit_bench(const BenchOptions& options) {
                                                options.load).c_str()
                                  : "");
   }
-  const bool with_torch = libtorch_available();
+  const bool with_torch = !options.sizes.empty() && libtorch_available();
   const auto [default_isa, how] = default_cpu_kernel_isa();
   std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
               default_isa.c_str(), how.c_str());

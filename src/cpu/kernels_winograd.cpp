@@ -132,8 +132,8 @@ void transform_input_row(const float* x, float* v, const Geometry& s, std::int64
     const std::int64_t last = std::min(width, s.w + s.pw);
     if (last > first) std::copy(src + (first - s.pw), src + (last - s.pw), padded[i] + first);
   }
-  InputTransform::apply(padded[0], padded[1], padded[2], padded[3], padded[4], padded[5], r,
-                        width, 1);
+  InputTransform::apply(padded[0], padded[1], padded[2], padded[3], padded[4], padded[5], r, width,
+                        1);
   // Then along the rows: V[6k + l, ci, t0 + q] = (r_k's columns 4q .. 4q + 5 times B)[l].
   const std::int64_t t0 = (g - g0) * s.tw;
   for (int k = 0; k < 6; ++k) {
@@ -149,8 +149,8 @@ bool transform_output_row(const float* m, const float* bias, float* out, const G
   const std::int64_t image = g / s.th, tr = g % s.th;
   const std::int64_t tw = s.tw;
   float* work = rows(24 * tw + 4 * 4 * tw);
-  float* p = work;              // P[a][j][q]: (A^T m)[a][j], 24 rows of tw
-  float* y = work + 24 * tw;    // output rows [a][4 tw]
+  float* p = work;            // P[a][j][q]: (A^T m)[a][j], 24 rows of tw
+  float* y = work + 24 * tw;  // output rows [a][4 tw]
   const std::int64_t t0 = (g - g0) * tw;
   auto mrow = [&](int i, int j) { return m + ((6 * i + j) * s.o + oi) * ld + t0; };
   for (int j = 0; j < 6; ++j) {
@@ -267,16 +267,16 @@ void winograd_kernel(const std::byte* raw) {
     });
     parallel_for(kWinogradPoints, 1, [&](std::int64_t p0, std::int64_t p1) {
       for (std::int64_t p = p0; p < p1; ++p) {
-        sgemm_strided(false, false, s.o, ld, s.c, 1.0f, u + p * s.o * s.c, s.c,
-                      v + p * s.c * ld, ld, 0.0f, m + p * s.o * ld, ld, GemmLibrary::this_thread);
+        sgemm_strided(false, false, s.o, ld, s.c, 1.0f, u + p * s.o * s.c, s.c, v + p * s.c * ld,
+                      ld, 0.0f, m + p * s.o * ld, ld, GemmLibrary::this_thread);
       }
     });
     const std::int64_t out_items = s.o * (g1 - g0);
     parallel_for(out_items, 4, [&](std::int64_t begin, std::int64_t end) {
       bool ok = true;
       for (std::int64_t item = begin; item < end; ++item) {
-        ok &= transform_output_row(m, bias, out, s, item / (g1 - g0), g0 + item % (g1 - g0), g0,
-                                   ld);
+        ok &=
+            transform_output_row(m, bias, out, s, item / (g1 - g0), g0 + item % (g1 - g0), g0, ld);
       }
       if (!ok) finite.store(false, std::memory_order_relaxed);
     });

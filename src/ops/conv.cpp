@@ -457,6 +457,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
     RETRACE_CHECK(bias.shape() == Shape({o}) && bias.dtype() == x.dtype(), invalid_argument,
                   "conv2d: bias is {} {}; expected [{}] {}", bias.shape(), bias.dtype(), o,
                   x.dtype());
+    RETRACE_CHECK(&device_of(bias, op, "bias") == &device, invalid_argument,
+                  "conv2d: x and bias are on different devices");
   }
   const std::int64_t hp = h + 2 * ph, wp = w + 2 * pw;
   const std::int64_t span_h = dh * (kh - 1) + 1, span_w = dw * (kw - 1) + 1;
