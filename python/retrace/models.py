@@ -7,6 +7,6 @@ torchvision's save_image does, `write_png` writes it; `read_npy` / `write_npy` m
 from NumPy files. Wrap `decode` in a traced function or a Tracer to replay it.
 """
 
-from ._core.models import VaeDecoder, read_npy, vae_image, write_npy, write_png
+from ._core.models import VaeDecoder, read_npy, vae_decode_bytes, vae_image, write_npy, write_png
 
-__all__ = ["VaeDecoder", "read_npy", "vae_image", "write_npy", "write_png"]
+__all__ = ["VaeDecoder", "read_npy", "vae_decode_bytes", "vae_image", "write_npy", "write_png"]

@@ -71,6 +71,27 @@ void bind_models(nb::module_& parent) {
                    [](const PyVaeDecoder& v) { return v.get().config().scaling_factor; });
 
   m.def(
+      "vae_decode_bytes",
+      [](const std::string& path, const std::vector<std::int64_t>& latents, nb::handle dtype,
+         std::int64_t norm_groups) {
+        RETRACE_CHECK(latents.size() == 4, invalid_argument,
+                      "vae_decode_bytes: latents is [B, C, h, w], got {} dimensions",
+                      latents.size());
+        const auto weights = models::read_safetensors(path);
+        const models::VaeDecoderConfig config = models::infer_vae_decoder_config(
+            weights,
+            models::VaeInference{.norm_groups = norm_groups,
+                                 .dtype = dtype.is_none() ? DType::float32 : parse_dtype(dtype)});
+        return models::VaeDecoder::decode_bytes(
+            config, Shape{latents[0], latents[1], latents[2], latents[3]});
+      },
+      nb::arg("path"), nb::arg("latents"), nb::arg("dtype") = nb::none(),
+      nb::arg("norm_groups") = 32,
+      "Device memory a decode of latents of this shape needs at its peak with the VAE file "
+      "`path` (its configuration from the tensors, nothing uploaded), for sizing a device "
+      "before the decoder is loaded: open_device(memory=...) and, for a traced decode, "
+      "trace_memory=... (a trace of the decode holds about as much again).");
+  m.def(
       "vae_image",
       [](const Tensor& image, std::int64_t index) {
         const models::RgbImage rgb = models::vae_image(image, index);

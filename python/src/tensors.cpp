@@ -580,9 +580,11 @@ void bind_tensors(nb::module_& m) {
   m.def(
       "open_device",
       [](std::string_view spec, std::optional<std::size_t> memory,
-         std::optional<std::uint32_t> queues, std::optional<std::uint32_t> kernel_threads) {
+         std::optional<std::uint32_t> queues, std::optional<std::uint32_t> kernel_threads,
+         std::optional<std::size_t> trace_memory) {
         DeviceOptions options = default_device_options(spec);
         if (memory) options.memory_bytes = *memory;
+        if (trace_memory) options.trace_region_bytes = *trace_memory;
         if (queues) options.num_queues = *queues;
         if (kernel_threads) options.kernel_threads = *kernel_threads;
         auto device = open_device(spec, options);
@@ -590,8 +592,9 @@ void bind_tensors(nb::module_& m) {
       },
       nb::arg("spec") = "cpu", nb::kw_only(), nb::arg("memory") = nb::none(),
       nb::arg("queues") = nb::none(), nb::arg("kernel_threads") = nb::none(),
-      nb::rv_policy::take_ownership,
-      "Opens a device: \"cpu\", \"cpu:1\", \"cuda:0\" ... `memory` in bytes. `kernel_threads`: "
+      nb::arg("trace_memory") = nb::none(), nb::rv_policy::take_ownership,
+      "Opens a device: \"cpu\", \"cpu:1\", \"cuda:0\" ... `memory` in bytes; `trace_memory`: "
+      "the bytes its traces may hold together (default 256 MiB). `kernel_threads`: "
       "0 (the default) splits a CPU device's kernels over the process's kernel threads (one per "
       "usable CPU), 1 keeps them on the queue's thread, n > 1 uses at most n.");
   m.def("available_backends", [] {

@@ -148,3 +148,21 @@ def test_demo_decodes_with_the_vae(vae_file, tmp_path, capsys):
     assert f"wrote {out} (16x16 image decoded by the VAE)" in text
     assert "live traces: 2 (one per resolution), and 2 of the decoder" in text
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_bytes_sizes_a_device_before_the_decoder_loads(vae_file):
+    path = vae_file[0]
+    small = retrace.models.vae_decode_bytes(path, [1, 4, 4, 4])
+    large = retrace.models.vae_decode_bytes(path, [1, 4, 16, 16])
+    assert 0 < small < large
+    assert retrace.models.vae_decode_bytes(path, [2, 4, 16, 16]) > large
+    with pytest.raises(retrace.InvalidArgument, match=r"latents is \[B, C, h, w\], got 3"):
+        retrace.models.vae_decode_bytes(path, [4, 16, 16])
+    # A device sized by it, its traces given room: a traced decode fits.
+    device = retrace.open_device("cpu:7", memory=(256 << 20) + 3 * large,
+                                 trace_memory=(64 << 20) + large)
+    vae = retrace.models.VaeDecoder(path, device)
+    latents = retrace.from_numpy(np.zeros((1, 4, 16, 16), np.float32), device=device)
+    tracer = retrace.Tracer(vae.decode, device=device)
+    assert tracer(latents).shape == (1, 3, 32, 32)
+    assert tracer(latents).shape == (1, 3, 32, 32)
