@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <cstdio>
 #include <random>
@@ -153,12 +152,6 @@ DemoModel load_demo_model(ModelOptions& o, const DemoOptions& d) {
                 "demo: --class {}: the model has {} classes (0 to {})", m.label, c.num_classes,
                 c.num_classes - 1);
   return m;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  // Bitwise: a NaN (say, from weights holding one) equals itself here, as it should.
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 std::string docs_page(const std::string& page) {

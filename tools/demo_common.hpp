@@ -4,6 +4,7 @@
 #pragma once
 
 #include "model_options.hpp"
+#include "util/same_bits.hpp"
 
 #include <unistd.h>
 
@@ -68,8 +69,7 @@ struct DemoModel {
   std::int64_t label = 0;
 };
 DemoModel load_demo_model(ModelOptions& o, const DemoOptions& d);
-// Equal bit for bit (a NaN equals itself).
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b);
+using util::same_bits;  // equal bit for bit (a NaN equals itself)
 // The first lines: the model, where it runs, the sampler.
 void print_demo_header(const ModelOptions& o, const DemoOptions& d, const models::DiTConfig& c,
                        std::int64_t label, const std::string& where);

@@ -20,12 +20,12 @@
 
 #include "cpu/isa.hpp"
 #include "cpu/parallel.hpp"
+#include "util/same_bits.hpp"
 #include "util/timing.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -486,7 +486,7 @@ DecodeRow measure_decode(std::int64_t image, int threads, const std::string& vae
       &models::VaeDecoder::decode, [](models::VaeDecoder& v) -> Device& { return v.device(); },
       TraceOptions{.name = "bench VAE decode"});
   std::vector<double> eager_ms, traced_ms;
-  std::vector<float> eager, traced;
+  std::vector<float> eager;
   for (int r = -1; r < repeats; ++r) {
     const double e = time_ms([&] {
       const Tensor image_out = vae->decode(latents);
@@ -502,17 +502,14 @@ DecodeRow measure_decode(std::int64_t image, int threads, const std::string& vae
       traced_ms.push_back(t);
     }
   }
-  traced = decode(*vae, latents).to_vector<float>();
+  const std::vector<float> traced = decode(*vae, latents).to_vector<float>();
   DecodeRow row;
   row.image = image;
   row.threads = threads;
   row.isa = cpu_kernel_isa(*device);
   row.eager_ms = median(eager_ms);
   row.traced_ms = median(traced_ms);
-  row.identical = eager.size() == traced.size() &&
-                  std::equal(eager.begin(), eager.end(), traced.begin(), [](float a, float b) {
-                    return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
-                  });
+  row.identical = util::same_bits(eager, traced);
   return row;
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace retrace::cpu {
 
@@ -38,6 +39,20 @@ inline constexpr std::int64_t kMinTaskElements = std::int64_t{1} << 13;
 // Rows per parallel task, so that a task covers at least `elements` elements.
 inline std::int64_t rows_per_task(std::int64_t row_length, std::int64_t elements) {
   return std::max<std::int64_t>(1, elements / std::max<std::int64_t>(row_length, 1));
+}
+
+// Per-thread float scratch in `slot` that only grows: no allocation once warmed up (the prep run
+// does that). Slots 0 .. 5 are matmul's and attention's, kWinogradScratchSlot the Winograd
+// convolution's, so one kernel never hands out rows another still reads.
+inline constexpr int kWinogradScratchSlot = 6;
+inline constexpr int kScratchSlots = 7;
+inline float* thread_scratch(int slot, std::int64_t elements) {
+  thread_local std::vector<float> buffers[kScratchSlots];
+  auto& buffer = buffers[slot];
+  if (static_cast<std::int64_t>(buffer.size()) < elements) {
+    buffer.resize(static_cast<std::size_t>(elements));
+  }
+  return buffer.data();
 }
 
 // Element offsets of operands for `row` of an iteration space whose last dimension is the

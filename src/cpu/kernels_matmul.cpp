@@ -15,23 +15,13 @@ namespace retrace::cpu {
 
 namespace {
 
-// Per-thread scratch that only grows: no allocation once warmed up (the prep run does that).
-float* scratch(int slot, std::int64_t elements) {
-  thread_local std::vector<float> buffers[6];
-  auto& buffer = buffers[slot];
-  if (static_cast<std::int64_t>(buffer.size()) < elements) {
-    buffer.resize(static_cast<std::size_t>(elements));
-  }
-  return buffer.data();
-}
-
 // A float32 view of n elements of T: the data itself for float, a converted copy otherwise.
 template <class T>
 const float* as_float(const T* data, std::int64_t n, int slot) {
   if constexpr (std::is_same_v<T, float>) {
     return data;
   } else {
-    float* out = scratch(slot, n);
+    float* out = thread_scratch(slot, n);
     // Split over the kernel threads when called outside a parallel loop (a matmul's operands).
     parallel_for(n, std::int64_t{1} << 15, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) out[i] = Elem<T>::load(data, i);
@@ -63,7 +53,7 @@ void matmul_kernel(const std::byte* raw) {
     const float* a = as_float(static_cast<const T*>(p.a) + offsets[0], mk, 0);
     const float* b = as_float(static_cast<const T*>(p.b) + offsets[1], kn, 1);
     T* out = static_cast<T*>(p.out) + batch * mn;
-    float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : scratch(2, mn);
+    float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : thread_scratch(2, mn);
     sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, 0.0f, c, library, bias);
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
   };
@@ -89,7 +79,7 @@ const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, 
   if constexpr (std::is_same_v<T, float>) {
     if (rows <= 1 || ld == cols) return data;
   }
-  float* out = scratch(slot, rows * cols);
+  float* out = thread_scratch(slot, rows * cols);
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = Elem<T>::load(data, r * ld + c);
   }
@@ -136,8 +126,8 @@ void attention_kernel(const std::byte* raw) {
       const float* q = rows_as_float(static_cast<const T*>(p.q) + b * p.q_strides[0] +
                                          h * p.q_strides[1] + r0 * p.q_strides[2],
                                      rows, p.d, p.q_strides[2], 0, ldq);
-      float* s = scratch(2, rows * cols);
-      float* inverse = scratch(5, rows);
+      float* s = thread_scratch(2, rows * cols);
+      float* inverse = thread_scratch(5, rows);
       sgemm_strided(false, true, rows, cols, p.d, p.scale, q, ldq, k, ldk, 0.0f, s, cols,
                     GemmLibrary::this_thread);
       const T* mask = p.mask == nullptr
@@ -171,7 +161,7 @@ void attention_kernel(const std::byte* raw) {
           for (std::int64_t c = 0; c < p.dv; ++c) out[i * ldo + c] *= inverse[i];
         }
       } else {
-        float* o = scratch(3, rows * p.dv);
+        float* o = thread_scratch(3, rows * p.dv);
         sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, o, p.dv,
                       GemmLibrary::this_thread);
         for (std::int64_t i = 0; i < rows; ++i) {

@@ -25,38 +25,49 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <vector>
 
 namespace retrace::cpu {
 
 namespace {
 
-// Per-thread working rows that only grow.
-float* rows(std::int64_t elements) {
-  thread_local std::vector<float> buffer;
-  if (static_cast<std::int64_t>(buffer.size()) < elements) {
-    buffer.resize(static_cast<std::size_t>(elements));
+// B^T d for n columns of six values d0..d5 (element q of each at q * stride) into the rows
+// r[0..5]; applied again along rows, d B.
+void input_transform(const float* d0, const float* d1, const float* d2, const float* d3,
+                     const float* d4, const float* d5, float* const (&r)[6], std::int64_t n,
+                     std::int64_t stride) {
+  for (std::int64_t q = 0; q < n; ++q) {
+    const float a0 = d0[q * stride], a1 = d1[q * stride], a2 = d2[q * stride];
+    const float a3 = d3[q * stride], a4 = d4[q * stride], a5 = d5[q * stride];
+    r[0][q] = (a0 - 2.0f * a2) + 1.5f * (a3 - a1) + a4;
+    r[1][q] = (0.5f * a2 - a1) + 2.5f * a3 + a4;
+    r[2][q] = (a1 + 0.5f * a3) - 2.5f * a2 + a4;
+    r[3][q] = 2.0f * (a3 - a1) + (a4 - a2);
+    r[4][q] = 0.5f * (a1 - a3) + (a4 - a2);
+    r[5][q] = (a1 - 2.0f * a3) + 1.5f * (a4 - a2) + a5;
   }
-  return buffer.data();
 }
 
-// B^T d for the six values d0..d5 of a column (or, applied to rows, d B).
-struct InputTransform {
-  static void apply(const float* d0, const float* d1, const float* d2, const float* d3,
-                    const float* d4, const float* d5, float* const (&r)[6], std::int64_t n,
-                    std::int64_t stride) {
-    for (std::int64_t q = 0; q < n; ++q) {
-      const float a0 = d0[q * stride], a1 = d1[q * stride], a2 = d2[q * stride];
-      const float a3 = d3[q * stride], a4 = d4[q * stride], a5 = d5[q * stride];
-      r[0][q] = (a0 - 2.0f * a2) + 1.5f * (a3 - a1) + a4;
-      r[1][q] = (0.5f * a2 - a1) + 2.5f * a3 + a4;
-      r[2][q] = (a1 + 0.5f * a3) - 2.5f * a2 + a4;
-      r[3][q] = 2.0f * (a3 - a1) + (a4 - a2);
-      r[4][q] = 0.5f * (a1 - a3) + (a4 - a2);
-      r[5][q] = (a1 - 2.0f * a3) + 1.5f * (a4 - a2) + a5;
-    }
-  }
+// G w for three values w0..w2 (a column of a 3x3 filter, or a row of G g): G's rows are w0;
+// (w0 + w1 + w2) / 3; (w1 - w0 - w2) / 3; -(16 w0 + 8 w1 + 4 w2) / 15; (w0 - 2 w1 + 4 w2) / 15;
+// w2.
+struct Six {
+  float v[6];
 };
+inline Six weight_transform(float w0, float w1, float w2) {
+  return {{w0, (w0 + w1 + w2) * (1.0f / 3.0f), (w1 - w0 - w2) * (1.0f / 3.0f),
+           (16.0f * w0 + 8.0f * w1 + 4.0f * w2) * (-1.0f / 15.0f),
+           (w0 - 2.0f * w1 + 4.0f * w2) * (1.0f / 15.0f), w2}};
+}
+
+// A^T m for six values m0..m5 (a column of a tile's products, or a row of A^T m).
+struct Four {
+  float v[4];
+};
+inline Four output_transform(float m0, float m1, float m2, float m3, float m4, float m5) {
+  const float s12 = m1 + m2, d12 = m1 - m2;
+  return {{(m0 + s12) + (m3 + m4), d12 + (0.5f * m3 - 2.0f * m4), s12 + (0.25f * m3 + 4.0f * m4),
+           d12 + (0.125f * m3 - 8.0f * m4) + m5}};
+}
 
 // Step 1 for output channels [o0, o1): U[p, o, c].
 void transform_weights(const float* weight, float* u, std::int64_t o0, std::int64_t o1,
@@ -70,31 +81,19 @@ void transform_weights(const float* weight, float* u, std::int64_t o0, std::int6
         const float* src = weight + (oi * c + c0 + l) * 9;
         for (int e = 0; e < 9; ++e) g[e][l] = src[e];
       }
-      // G g: 6 rows of 3 (G's rows: w0; (w0 + w1 + w2) / 3; (w1 - w0 - w2) / 3;
-      // -(16 w0 + 8 w1 + 4 w2) / 15; (w0 - 2 w1 + 4 w2) / 15; w2), then (G g) G^T the same on
-      // columns.
+      // G g: 6 rows of 3, then (G g) G^T the same on columns.
       float t[6][3][kLanes];
       for (int col = 0; col < 3; ++col) {
         for (std::int64_t l = 0; l < kLanes; ++l) {
-          const float w0 = g[col][l], w1 = g[3 + col][l], w2 = g[6 + col][l];
-          t[0][col][l] = w0;
-          t[1][col][l] = (w0 + w1 + w2) * (1.0f / 3.0f);
-          t[2][col][l] = (w1 - w0 - w2) * (1.0f / 3.0f);
-          t[3][col][l] = (16.0f * w0 + 8.0f * w1 + 4.0f * w2) * (-1.0f / 15.0f);
-          t[4][col][l] = (w0 - 2.0f * w1 + 4.0f * w2) * (1.0f / 15.0f);
-          t[5][col][l] = w2;
+          const Six r = weight_transform(g[col][l], g[3 + col][l], g[6 + col][l]);
+          for (int i = 0; i < 6; ++i) t[i][col][l] = r.v[i];
         }
       }
       for (int i = 0; i < 6; ++i) {
         float v[6][kLanes];
         for (std::int64_t l = 0; l < kLanes; ++l) {
-          const float w0 = t[i][0][l], w1 = t[i][1][l], w2 = t[i][2][l];
-          v[0][l] = w0;
-          v[1][l] = (w0 + w1 + w2) * (1.0f / 3.0f);
-          v[2][l] = (w1 - w0 - w2) * (1.0f / 3.0f);
-          v[3][l] = (16.0f * w0 + 8.0f * w1 + 4.0f * w2) * (-1.0f / 15.0f);
-          v[4][l] = (w0 - 2.0f * w1 + 4.0f * w2) * (1.0f / 15.0f);
-          v[5][l] = w2;
+          const Six r = weight_transform(t[i][0][l], t[i][1][l], t[i][2][l]);
+          for (int j = 0; j < 6; ++j) v[j][l] = r.v[j];
         }
         for (int j = 0; j < 6; ++j) {
           float* dst = u + ((i * 6 + j) * o + oi) * c + c0;
@@ -118,7 +117,7 @@ void transform_input_row(const float* x, float* v, const Geometry& s, std::int64
   const std::int64_t width = 4 * s.tw + 2;
   // Six input rows (buffer column u holds input column u - pw, zeros outside the image), then
   // the six rows of B^T d.
-  float* work = rows(12 * width);
+  float* work = thread_scratch(kWinogradScratchSlot, 12 * width);
   float* padded[6];
   float* r[6];
   for (int i = 0; i < 6; ++i) {
@@ -132,14 +131,13 @@ void transform_input_row(const float* x, float* v, const Geometry& s, std::int64
     const std::int64_t last = std::min(width, s.w + s.pw);
     if (last > first) std::copy(src + (first - s.pw), src + (last - s.pw), padded[i] + first);
   }
-  InputTransform::apply(padded[0], padded[1], padded[2], padded[3], padded[4], padded[5], r, width,
-                        1);
+  input_transform(padded[0], padded[1], padded[2], padded[3], padded[4], padded[5], r, width, 1);
   // Then along the rows: V[6k + l, ci, t0 + q] = (r_k's columns 4q .. 4q + 5 times B)[l].
   const std::int64_t t0 = (g - g0) * s.tw;
   for (int k = 0; k < 6; ++k) {
     float* dst[6];
     for (int l = 0; l < 6; ++l) dst[l] = v + ((6 * k + l) * s.c + ci) * ld + t0;
-    InputTransform::apply(r[k], r[k] + 1, r[k] + 2, r[k] + 3, r[k] + 4, r[k] + 5, dst, s.tw, 4);
+    input_transform(r[k], r[k] + 1, r[k] + 2, r[k] + 3, r[k] + 4, r[k] + 5, dst, s.tw, 4);
   }
 }
 
@@ -148,7 +146,7 @@ bool transform_output_row(const float* m, const float* bias, float* out, const G
                           std::int64_t oi, std::int64_t g, std::int64_t g0, std::int64_t ld) {
   const std::int64_t image = g / s.th, tr = g % s.th;
   const std::int64_t tw = s.tw;
-  float* work = rows(24 * tw + 4 * 4 * tw);
+  float* work = thread_scratch(kWinogradScratchSlot, 24 * tw + 4 * 4 * tw);
   float* p = work;            // P[a][j][q]: (A^T m)[a][j], 24 rows of tw
   float* y = work + 24 * tw;  // output rows [a][4 tw]
   const std::int64_t t0 = (g - g0) * tw;
@@ -161,11 +159,11 @@ bool transform_output_row(const float* m, const float* bias, float* out, const G
     float* p2 = p + (2 * 6 + j) * tw;
     float* p3 = p + (3 * 6 + j) * tw;
     for (std::int64_t q = 0; q < tw; ++q) {
-      const float s12 = m1[q] + m2[q], d12 = m1[q] - m2[q];
-      p0[q] = (m0[q] + s12) + (m3[q] + m4[q]);
-      p1[q] = d12 + (0.5f * m3[q] - 2.0f * m4[q]);
-      p2[q] = s12 + (0.25f * m3[q] + 4.0f * m4[q]);
-      p3[q] = d12 + (0.125f * m3[q] - 8.0f * m4[q]) + m5[q];
+      const Four r = output_transform(m0[q], m1[q], m2[q], m3[q], m4[q], m5[q]);
+      p0[q] = r.v[0];
+      p1[q] = r.v[1];
+      p2[q] = r.v[2];
+      p3[q] = r.v[3];
     }
   }
   const float b = bias == nullptr ? 0.0f : bias[oi];
@@ -179,11 +177,8 @@ bool transform_output_row(const float* m, const float* bias, float* out, const G
     const float* q5 = p + (a * 6 + 5) * tw;
     float* row = y + a * 4 * tw;
     for (std::int64_t q = 0; q < tw; ++q) {
-      const float s12 = q1[q] + q2[q], d12 = q1[q] - q2[q];
-      row[4 * q + 0] = ((q0[q] + s12) + (q3[q] + q4[q])) + b;
-      row[4 * q + 1] = (d12 + (0.5f * q3[q] - 2.0f * q4[q])) + b;
-      row[4 * q + 2] = (s12 + (0.25f * q3[q] + 4.0f * q4[q])) + b;
-      row[4 * q + 3] = (d12 + (0.125f * q3[q] - 8.0f * q4[q]) + q5[q]) + b;
+      const Four r = output_transform(q0[q], q1[q], q2[q], q3[q], q4[q], q5[q]);
+      for (int e = 0; e < 4; ++e) row[4 * q + e] = r.v[e] + b;
     }
     const std::int64_t out_y = 4 * tr + a;
     if (out_y >= s.ho) continue;
