@@ -82,5 +82,10 @@ struct CpuKernelIsa {
 [[nodiscard]] std::pair<std::string, std::string> default_cpu_kernel_isa();
 // The variant the device runs ("avx2"), or "" if it is not a CPU device.
 [[nodiscard]] std::string cpu_kernel_isa(Device& device);
+// What the device's bfloat16 matrix products (linear, matmul, attention) run on: "amx_bf16"
+// (AMX tiles) or "avx512_bf16" (AVX512-BF16 dot products), through oneDNN, where the CPU has
+// them; "float32" (operands converted, float32 products) elsewhere, or with RETRACE_NO_ONEDNN
+// or RETRACE_NO_BF16_GEMM set. "" if it is not a CPU device.
+[[nodiscard]] std::string cpu_bfloat16_products(Device& device);
 
 }  // namespace retrace

@@ -103,9 +103,9 @@ class CpuBackend final : public Backend {
                                  ? fmt::format("{} hardware threads", host)
                                  : fmt::format("{} of {} hardware threads usable", usable, host);
     return fmt::format(
-        "{}, {} queues ({}), {} kernels ({}){}", cpus, queues_.size(),
+        "{}, {} queues ({}), {} kernels ({}), bfloat16 products on {}{}", cpus, queues_.size(),
         options_.execution == ExecutionMode::worker ? "worker threads" : "inline", kernels_.name,
-        choice_.how,
+        choice_.how, kernels_.bfloat16_gemm_path(),
         options_.kernel_threads == 1 ? ", each on its queue's thread"
         : options_.kernel_threads > 1
             ? fmt::format(", kernels split over at most {} threads", options_.kernel_threads)
@@ -271,6 +271,11 @@ std::pair<std::string, std::string> default_cpu_kernel_isa() {
 std::string cpu_kernel_isa(Device& device) {
   const auto* backend = backend_of<cpu::CpuBackend>(device);
   return backend == nullptr ? std::string() : std::string(backend->kernels().name);
+}
+
+std::string cpu_bfloat16_products(Device& device) {
+  const auto* backend = backend_of<cpu::CpuBackend>(device);
+  return backend == nullptr ? std::string() : std::string(backend->kernels().bfloat16_gemm_path());
 }
 
 std::vector<std::unique_ptr<Device>> open_cpu_devices(std::size_t count,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -72,6 +73,8 @@ struct OnednnKey {
   std::int64_t m, n, k, lda, ldb, ldc;
   bool ta, tb, accumulate, bias;
   float alpha;
+  bool bf16 = false;       // bfloat16 A and B (float32 bias and accumulation); else float32
+  bool float_out = false;  // with bf16: C float32 (else bfloat16)
   bool operator==(const OnednnKey&) const = default;
 };
 struct OnednnKeyHash {
@@ -81,7 +84,7 @@ struct OnednnKeyHash {
       h = h * 1000003u ^ static_cast<std::size_t>(v);
     }
     return h * 31u + (key.ta ? 1u : 0u) + (key.tb ? 2u : 0u) + (key.accumulate ? 4u : 0u) +
-           (key.bias ? 8u : 0u);
+           (key.bias ? 8u : 0u) + (key.bf16 ? 16u : 0u) + (key.float_out ? 32u : 0u);
   }
 };
 struct OnednnGemm {
@@ -117,12 +120,14 @@ OnednnGemm make_onednn_gemm(const OnednnKey& key) {
   using dnnl::memory;
   const dnnl::engine& engine = onednn_engine();
   const auto f32 = memory::data_type::f32;
+  const auto operands = key.bf16 ? memory::data_type::bf16 : f32;
   // Row-major operands with leading dimensions; a transposed operand is its strides swapped.
-  const memory::desc a_desc({key.m, key.k}, f32,
+  const memory::desc a_desc({key.m, key.k}, operands,
                             key.ta ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
-  const memory::desc b_desc({key.k, key.n}, f32,
+  const memory::desc b_desc({key.k, key.n}, operands,
                             key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
-  const memory::desc c_desc({key.m, key.n}, f32, memory::dims{key.ldc, 1});
+  const memory::desc c_desc({key.m, key.n}, key.float_out ? f32 : operands,
+                            memory::dims{key.ldc, 1});
   const memory::desc bias_desc({1, key.n}, f32, memory::dims{key.n, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -141,29 +146,28 @@ OnednnGemm make_onednn_gemm(const OnednnKey& key) {
           memory(bias_desc, engine, DNNL_MEMORY_NONE), desc.scratchpad_desc()};
 }
 
+// Whether oneDNN runs its kernels for `isa` here. oneDNN's ISA values are sets of feature bits,
+// not an order: avx2_vnni (0x407) compares above avx512_core (0x27) on CPUs without AVX-512.
+bool onednn_isa_has(dnnl_cpu_isa_t isa) {
+  const auto effective = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (effective & static_cast<unsigned>(isa)) == static_cast<unsigned>(isa);
+}
+
 // Whether oneDNN's kernels are the faster choice on this CPU (measured on AVX-512 only; other
 // CPUs keep Eigen and OpenBLAS). RETRACE_NO_ONEDNN=1 in the environment turns them off (to
 // compare).
 bool onednn_preferred() {
   static const bool preferred = [] {
-    return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core &&
+    return onednn_isa_has(dnnl_cpu_isa_avx512_core) &&
            std::getenv("RETRACE_NO_ONEDNN") == nullptr;
   }();
   return preferred;
 }
 
-// C = alpha op(A) op(B) + beta C (+ bias, one value per column, when given; beta is then 0)
-// through oneDNN on the calling thread; false (nothing written) when oneDNN refuses the product
-// (it then goes to another library). With alpha 1 the bias is the matmul's bias argument, added
-// as C is written; with another alpha (where oneDNN's output scale and bias would raise which
-// comes first) C starts as the bias rows and the product is added.
-bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                 float* c, std::int64_t ldc, const float* bias) {
+// The calling thread's primitive for `key` (made on first use); null when oneDNN refuses the
+// product.
+OnednnGemm* find_onednn(const OnednnKey& key) {
   thread_local std::unordered_map<OnednnKey, OnednnGemm, OnednnKeyHash> cache;
-  const bool fused = bias != nullptr && alpha == 1.0f;
-  const bool accumulate = beta != 0.0f || (bias != nullptr && !fused);
-  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, fused, alpha};
   auto it = cache.find(key);
   if (it == cache.end()) {
     // Bounded: a program whose shapes keep changing (a growing sequence) starts over rather
@@ -173,19 +177,17 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
     try {
       it = cache.emplace(key, make_onednn_gemm(key)).first;
     } catch (const dnnl::error&) {
-      return false;
+      return nullptr;
     }
   }
-  if (bias != nullptr && !fused) {
-    (void)start_from_bias(bias, m, n, c, ldc, beta);
-  } else if (accumulate && beta != 1.0f) {  // the sum post-op adds C as it is
-    for (std::int64_t r = 0; r < m; ++r) {
-      for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
-    }
-  }
-  OnednnGemm& g = it->second;
-  g.a.set_data_handle(const_cast<float*>(a));
-  g.b.set_data_handle(const_cast<float*>(b));
+  return &it->second;
+}
+
+// Runs g (made for a key with a bias when `bias` is given) on the calling thread. C's sum
+// post-op, if any, adds C as it is.
+void run_onednn(OnednnGemm& g, const void* a, const void* b, void* c, const void* bias) {
+  g.a.set_data_handle(const_cast<void*>(a));
+  g.b.set_data_handle(const_cast<void*>(b));
   g.c.set_data_handle(c);
   thread_local dnnl::stream stream(onednn_engine());
   // One OpenMP thread for the call; the calling thread's setting is put back.
@@ -193,8 +195,8 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   omp_set_num_threads(1);
   const dnnl::memory scratchpad(g.scratchpad, onednn_engine(),
                                 onednn_scratchpad(g.scratchpad.get_size()));
-  if (fused) {
-    g.bias.set_data_handle(const_cast<float*>(bias));
+  if (bias != nullptr) {
+    g.bias.set_data_handle(const_cast<void*>(bias));
     g.primitive.execute(stream, {{DNNL_ARG_SRC, g.a},
                                  {DNNL_ARG_WEIGHTS, g.b},
                                  {DNNL_ARG_BIAS, g.bias},
@@ -207,6 +209,30 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
                                  {DNNL_ARG_SCRATCHPAD, scratchpad}});
   }
   omp_set_num_threads(previous_threads);
+}
+
+// C = alpha op(A) op(B) + beta C (+ bias, one value per column, when given; beta is then 0)
+// through oneDNN on the calling thread; false (nothing written) when oneDNN refuses the product
+// (it then goes to another library). With alpha 1 the bias is the matmul's bias argument, added
+// as C is written; with another alpha (where oneDNN's output scale and bias would raise which
+// comes first) C starts as the bias rows and the product is added.
+bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                 float* c, std::int64_t ldc, const float* bias) {
+  const bool fused = bias != nullptr && alpha == 1.0f;
+  const bool accumulate = beta != 0.0f || (bias != nullptr && !fused);
+  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, fused, alpha};
+  // Made first: a refusal leaves C untouched.
+  OnednnGemm* g = find_onednn(key);
+  if (g == nullptr) return false;
+  if (bias != nullptr && !fused) {
+    (void)start_from_bias(bias, m, n, c, ldc, beta);
+  } else if (accumulate && beta != 1.0f) {  // the sum post-op adds C as it is
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
+    }
+  }
+  run_onednn(*g, a, b, c, fused ? bias : nullptr);
   return true;
 }
 #endif
@@ -466,11 +492,12 @@ void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 // they spin for a while, and on a machine with as many kernel threads as cores a spinning
 // OpenBLAS thread took a core from the next op's parallel loop (an attention ran at half speed
 // about every other run). Each element of C is summed over k in the same order whatever the
-// split, so the result does not depend on the number of threads.
-void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                float* c, std::int64_t ldc, const float* bias) {
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+// split, so the result does not depend on the number of threads. block(m, n, a, b, c, bias)
+// does one block.
+template <class T, class C, class Block>
+void split_product(bool ta, bool tb, std::int64_t m, std::int64_t n, const T* a,
+                   std::int64_t lda, const T* b, std::int64_t ldb, C* c, std::int64_t ldc,
+                   const float* bias, Block&& block) {
   constexpr std::int64_t kMinRows = 8, kMinColumns = 64;
   // Rows, unless C is much wider than tall (a convolution's weights times its columns): then
   // each thread reads its own columns of B once instead of every thread reading all of B
@@ -478,16 +505,69 @@ void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   const bool by_columns = n >= 2 * kMinColumns && (m < 2 * kMinRows || n >= 16 * m);
   if (!by_columns) {
     parallel_for(m, kMinRows, [&](std::int64_t begin, std::int64_t end) {
-      block_gemm(ta, tb, end - begin, n, k, alpha, ta ? a + begin : a + begin * lda, lda, b, ldb,
-                 beta, c + begin * ldc, ldc, bias);
+      block(end - begin, n, ta ? a + begin : a + begin * lda, b, c + begin * ldc, bias);
     });
   } else {
     parallel_for(n, kMinColumns, [&](std::int64_t begin, std::int64_t end) {
-      block_gemm(ta, tb, m, end - begin, k, alpha, a, lda, tb ? b + begin * ldb : b + begin, ldb,
-                 beta, c + begin, ldc, bias == nullptr ? nullptr : bias + begin);
+      block(m, end - begin, a, tb ? b + begin * ldb : b + begin, c + begin,
+            bias == nullptr ? nullptr : bias + begin);
     });
   }
 }
+
+void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                float* c, std::int64_t ldc, const float* bias) {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  split_product(ta, tb, m, n, a, lda, b, ldb, c, ldc, bias,
+                [&](std::int64_t rows, std::int64_t cols, const float* a_block,
+                    const float* b_block, float* c_block, const float* bias_block) {
+                  block_gemm(ta, tb, rows, cols, k, alpha, a_block, lda, b_block, ldb, beta,
+                             c_block, ldc, bias_block);
+                });
+}
+
+#if RETRACE_HAVE_ONEDNN
+// `rows` rows of `cols` bfloat16 values, `ld` apart, as dense float32 rows in `out`.
+void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                std::vector<float>& out) {
+  out.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = data[r * ld + j].to_float();
+  }
+}
+
+// One block of a bfloat16 product on the calling thread: one oneDNN call, or where oneDNN
+// refuses the shape, a float32 product of converted copies (rounded once as well).
+template <class C>
+void bfloat16_block(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
+                    std::int64_t ldb, C* c, std::int64_t ldc, const float* bias) {
+  constexpr bool kFloatOut = std::is_same_v<C, float>;
+  const OnednnKey key{m,  n,  k,     lda,   ldb,           ldc,  ta,       tb,
+                      false, bias != nullptr, alpha, true, kFloatOut};
+  if (OnednnGemm* g = find_onednn(key)) {
+    run_onednn(*g, a, b, c, bias);
+    return;
+  }
+  thread_local std::vector<float> wide_a, wide_b, wide_c;
+  widen_rows(a, ta ? k : m, ta ? m : k, lda, wide_a);
+  widen_rows(b, tb ? n : k, tb ? k : n, ldb, wide_b);
+  if constexpr (kFloatOut) {
+    sgemm_strided(ta, tb, m, n, k, alpha, wide_a.data(), ta ? m : k, wide_b.data(), tb ? k : n,
+                  0.0f, c, ldc, GemmLibrary::this_thread, bias);
+  } else {
+    wide_c.resize(static_cast<std::size_t>(m * n));
+    sgemm_strided(ta, tb, m, n, k, alpha, wide_a.data(), ta ? m : k, wide_b.data(), tb ? k : n,
+                  0.0f, wide_c.data(), n, GemmLibrary::this_thread, bias);
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        c[r * ldc + j] = bfloat16::from_float(wide_c[r * n + j]);
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 
@@ -542,6 +622,81 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   // OpenBLAS as the process has it configured (its own threads): what benchmarks compare with.
   openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
                 start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
+}
+
+bool bfloat16_gemm_native() noexcept {
+#if RETRACE_HAVE_ONEDNN
+  static const bool native = onednn_preferred() &&
+                             onednn_isa_has(dnnl_cpu_isa_avx512_core_bf16) &&
+                             std::getenv("RETRACE_NO_BF16_GEMM") == nullptr;
+  return native;
+#else
+  return false;
+#endif
+}
+
+const char* bfloat16_gemm_path() noexcept {
+#if RETRACE_HAVE_ONEDNN
+  if (bfloat16_gemm_native()) {
+    return onednn_isa_has(dnnl_cpu_isa_avx512_core_amx) ? "amx_bf16" : "avx512_bf16";
+  }
+#endif
+  return "float32";
+}
+
+namespace {
+template <class C>
+bool bfloat16_product([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b,
+                      [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
+                      [[maybe_unused]] std::int64_t k, [[maybe_unused]] float alpha,
+                      [[maybe_unused]] const bfloat16* a, [[maybe_unused]] std::int64_t lda,
+                      [[maybe_unused]] const bfloat16* b, [[maybe_unused]] std::int64_t ldb,
+                      [[maybe_unused]] C* c, [[maybe_unused]] std::int64_t ldc,
+                      [[maybe_unused]] GemmLibrary library,
+                      [[maybe_unused]] const float* bias) {
+#if RETRACE_HAVE_ONEDNN
+  if (!bfloat16_gemm_native() || m < 1 || n < 1 || k < 1 || (bias != nullptr && alpha != 1.0f)) {
+    return false;
+  }
+  if (library == GemmLibrary::onednn) {  // whatever the size, on the calling thread
+    bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias);
+    return true;
+  }
+  if (m <= kThinRows || m * n * k < (std::int64_t{1} << 15)) return false;
+  if (library == GemmLibrary::automatic) {
+    library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
+  }
+  if (library != GemmLibrary::automatic) {
+    bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias);
+    return true;
+  }
+  split_product(trans_a, trans_b, m, n, a, lda, b, ldb, c, ldc, bias,
+                [&](std::int64_t rows, std::int64_t cols, const bfloat16* a_block,
+                    const bfloat16* b_block, C* c_block, const float* bias_block) {
+                  bfloat16_block(trans_a, trans_b, rows, cols, k, alpha, a_block, lda, b_block,
+                                 ldb, c_block, ldc, bias_block);
+                });
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
+                   std::int64_t ldb, bfloat16* c, std::int64_t ldc, GemmLibrary library,
+                   const float* bias) {
+  return bfloat16_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library,
+                          bias);
+}
+
+bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
+                   std::int64_t ldb, float* c, std::int64_t ldc, GemmLibrary library,
+                   const float* bias) {
+  return bfloat16_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library,
+                          bias);
 }
 
 }  // namespace retrace::cpu

@@ -8,6 +8,8 @@
 // whether A or B is stored transposed.
 #pragma once
 
+#include "retrace/bfloat16.hpp"
+
 #include <cstdint>
 
 namespace retrace::cpu {
@@ -35,6 +37,33 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    float alpha, const float* a, std::int64_t lda, const float* b,
                    std::int64_t ldb, float beta, float* c, std::int64_t ldc,
                    GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+
+// bfloat16 products on the CPU's bfloat16 instructions (AVX512-BF16 dot products, AMX-BF16
+// tiles) through oneDNN, which picks them at run time: C = alpha * op(A) * op(B) (+ bias, n
+// float32 values), A and B bfloat16, each product exact in float32 and summed in float32, C
+// rounded once to bfloat16 (to nearest even). Split over the kernel threads by the rules of
+// sgemm (blocks of rows, or of columns for a wide C), each block one oneDNN call on its thread.
+// false, nothing written, where the caller should convert to float32 and call sgemm instead:
+// bfloat16_gemm_native() is false, an empty product, alpha other than 1 with a bias, and
+// (unless `library` is onednn: one call on the calling thread whatever the size) a product of
+// at most 4 rows or under ~32k multiply-adds.
+bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
+                   std::int64_t ldb, bfloat16* c, std::int64_t ldc,
+                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+// The same with C in float32 (not rounded): attention's scores and weighted values.
+bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
+                   std::int64_t ldb, float* c, std::int64_t ldc,
+                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+
+// Whether bfloat16_gemm runs here: built with oneDNN, a CPU with AVX512-BF16 or AMX-BF16 as
+// oneDNN sees it, and neither RETRACE_NO_ONEDNN nor RETRACE_NO_BF16_GEMM set. Elsewhere
+// bfloat16 products are float32 products of converted operands (slower than float32 itself
+// on CPUs without bfloat16 instructions, which convert in software).
+[[nodiscard]] bool bfloat16_gemm_native() noexcept;
+// "amx_bf16", "avx512_bf16" or "float32" (converted operands): what bfloat16 products run on.
+[[nodiscard]] const char* bfloat16_gemm_path() noexcept;
 
 // What `automatic` does with a shape: this_thread, or automatic for a product split over the
 // kernel threads.

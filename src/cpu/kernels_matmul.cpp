@@ -1,5 +1,7 @@
-// Matmul and attention CPU kernels. float32 goes straight to sgemm; bfloat16 is converted to
-// float32 in per-thread scratch buffers, multiplied, and rounded once on the way out.
+// Matmul and attention CPU kernels. float32 goes straight to sgemm; bfloat16 goes to
+// bfloat16_gemm where the CPU has bfloat16 instructions; otherwise (and float16) operands are
+// converted to float32 in per-thread scratch buffers, multiplied, and rounded once on the way
+// out.
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/kernels_internal.hpp"
@@ -50,9 +52,18 @@ void matmul_kernel(const std::byte* raw) {
     std::int64_t offsets[2];
     row_offsets(batch, p.batch_shape, p.batch_rank, {p.a_batch_strides, p.b_batch_strides},
                 offsets);
+    T* out = static_cast<T*>(p.out) + batch * mn;
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      // On the CPU's bfloat16 instructions where it has them (same float32 sums, one rounding).
+      if (bfloat16_gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
+                        static_cast<const T*>(p.a) + offsets[0], p.trans_a ? p.m : p.k,
+                        static_cast<const T*>(p.b) + offsets[1], p.trans_b ? p.k : p.n, out, p.n,
+                        library, bias)) {
+        return;
+      }
+    }
     const float* a = as_float(static_cast<const T*>(p.a) + offsets[0], mk, 0);
     const float* b = as_float(static_cast<const T*>(p.b) + offsets[1], kn, 1);
-    T* out = static_cast<T*>(p.out) + batch * mn;
     float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : thread_scratch(2, mn);
     sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, 0.0f, c, library, bias);
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
@@ -86,6 +97,23 @@ const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, 
   return out;
 }
 
+// `rows` bfloat16 rows of `cols` values, `ld` apart, as rows oneDNN can read: in place (ld_out
+// = ld, or cols for a single row), or copied dense into `copy` where rows overlap.
+const bfloat16* bfloat16_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols,
+                              std::int64_t ld, std::vector<bfloat16>& copy,
+                              std::int64_t& ld_out) {
+  if (rows <= 1 || ld >= cols) {
+    ld_out = rows <= 1 ? cols : ld;
+    return data;
+  }
+  copy.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::copy(data + r * ld, data + r * ld + cols, copy.data() + r * cols);
+  }
+  ld_out = cols;
+  return copy.data();
+}
+
 // Attention by blocks of query rows: each block's scores [rows, keys] stay in the core's cache
 // between the two products and the softmax (a full [queries, keys] matrix does not, at a few
 // thousand tokens), and (batch, head, block) items spread evenly over the kernel threads. With
@@ -93,6 +121,12 @@ const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, 
 // The softmax's division by each row's sum comes after the second product, on the row's dv
 // outputs instead of its keys' weights. q, k, v and out are found through their (batch, head,
 // row) strides: a slice of a key/value cache is read where it is.
+//
+// bfloat16 on a CPU with bfloat16 instructions (bfloat16_gemm_native): both products there, q,
+// k and v read in place; the scores come out in float32, the softmax's numerators (each in
+// (0, 1], the row's largest 1) are rounded to bfloat16 for the second product, as PyTorch's
+// CPU attention does, and its float32 sums are divided by the float32 row sum and rounded once.
+// Elsewhere the operands are converted to float32 and multiplied there.
 template <class T>
 void attention_kernel(const std::byte* raw) {
   const auto& p = params_as<AttentionParams>(raw);
@@ -103,33 +137,53 @@ void attention_kernel(const std::byte* raw) {
       std::clamp<std::int64_t>((std::int64_t{1} << 17) / std::max<std::int64_t>(p.sk, 1), 16, 128);
   const std::int64_t blocks = (p.sq + kBlockRows - 1) / kBlockRows;
   const std::int64_t kv_heads = p.kv_heads > 0 ? p.kv_heads : p.heads;
+  bool native = false;
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    native = bfloat16_gemm_native() && p.d > 0 && p.dv > 0;
+  }
   parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
-    std::int64_t loaded_kv = -1;  // the key/value head whose float32 rows k and v point at
+    std::int64_t loaded_kv = -1;  // the key/value head whose rows k and v point at
     const float* k = nullptr;
     const float* v = nullptr;
+    const T* k_in = nullptr;  // native: the bfloat16 rows themselves
+    const T* v_in = nullptr;
     std::int64_t ldk = 0, ldv = 0;
     for (std::int64_t item = begin; item < end; ++item) {
       const std::int64_t bh = item / blocks, r0 = item % blocks * kBlockRows;
       const std::int64_t rows = std::min(kBlockRows, p.sq - r0);
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       const std::int64_t kv = attention_kv_index(p, bh);
+      const T* q_in = static_cast<const T*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] +
+                      r0 * p.q_strides[2];
       if (kv != loaded_kv) {
         const std::int64_t kh = kv % kv_heads;
-        k = rows_as_float(static_cast<const T*>(p.k) + b * p.k_strides[0] + kh * p.k_strides[1],
-                          p.sk, p.d, p.k_strides[2], 1, ldk);
-        v = rows_as_float(static_cast<const T*>(p.v) + b * p.v_strides[0] + kh * p.v_strides[1],
-                          p.sk, p.dv, p.v_strides[2], 4, ldv);
+        k_in = static_cast<const T*>(p.k) + b * p.k_strides[0] + kh * p.k_strides[1];
+        v_in = static_cast<const T*>(p.v) + b * p.v_strides[0] + kh * p.v_strides[1];
+        if (!native) {
+          k = rows_as_float(k_in, p.sk, p.d, p.k_strides[2], 1, ldk);
+          v = rows_as_float(v_in, p.sk, p.dv, p.v_strides[2], 4, ldv);
+        }
         loaded_kv = kv;
       }
       const std::int64_t cols = p.causal ? std::min(p.sk, r0 + rows) : p.sk;
-      std::int64_t ldq = 0;
-      const float* q = rows_as_float(static_cast<const T*>(p.q) + b * p.q_strides[0] +
-                                         h * p.q_strides[1] + r0 * p.q_strides[2],
-                                     rows, p.d, p.q_strides[2], 0, ldq);
       float* s = thread_scratch(2, rows * cols);
       float* inverse = thread_scratch(5, rows);
-      sgemm_strided(false, true, rows, cols, p.d, p.scale, q, ldq, k, ldk, 0.0f, s, cols,
-                    GemmLibrary::this_thread);
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        if (native) {
+          thread_local std::vector<bfloat16> q_copy, k_copy;
+          std::int64_t ldq = 0, ldk_in = 0;
+          const bfloat16* qr = bfloat16_rows(q_in, rows, p.d, p.q_strides[2], q_copy, ldq);
+          const bfloat16* kr = bfloat16_rows(k_in, cols, p.d, p.k_strides[2], k_copy, ldk_in);
+          (void)bfloat16_gemm(false, true, rows, cols, p.d, p.scale, qr, ldq, kr, ldk_in, s, cols,
+                              GemmLibrary::onednn);
+        }
+      }
+      if (!native) {
+        std::int64_t ldq = 0;
+        const float* q = rows_as_float(q_in, rows, p.d, p.q_strides[2], 0, ldq);
+        sgemm_strided(false, true, rows, cols, p.d, p.scale, q, ldq, k, ldk, 0.0f, s, cols,
+                      GemmLibrary::this_thread);
+      }
       const T* mask = p.mask == nullptr
                           ? nullptr
                           : static_cast<const T*>(p.mask) + b * p.mask_batch_stride +
@@ -162,8 +216,23 @@ void attention_kernel(const std::byte* raw) {
         }
       } else {
         float* o = thread_scratch(3, rows * p.dv);
-        sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, o, p.dv,
-                      GemmLibrary::this_thread);
+        bool done = false;
+        if constexpr (std::is_same_v<T, bfloat16>) {
+          if (native) {
+            thread_local std::vector<bfloat16> weights, v_copy;
+            weights.resize(static_cast<std::size_t>(rows * cols));
+            for (std::int64_t i = 0; i < rows * cols; ++i) weights[i] = bfloat16::from_float(s[i]);
+            std::int64_t ldv_in = 0;
+            const bfloat16* vr = bfloat16_rows(v_in, cols, p.dv, p.v_strides[2], v_copy, ldv_in);
+            (void)bfloat16_gemm(false, false, rows, p.dv, cols, 1.0f, weights.data(), cols, vr,
+                                ldv_in, o, p.dv, GemmLibrary::onednn);
+            done = true;
+          }
+        }
+        if (!done) {
+          sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, o, p.dv,
+                        GemmLibrary::this_thread);
+        }
         for (std::int64_t i = 0; i < rows; ++i) {
           for (std::int64_t c = 0; c < p.dv; ++c) {
             E::store(out, i * p.out_strides[2] + c, o[i * p.dv + c] * inverse[i]);

@@ -19,6 +19,7 @@ struct KernelVariant {
   void (*sgemm)(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                 float alpha, const float* a, const float* b, float beta, float* c,
                 GemmLibrary library, const float* bias);
+  const char* (*bfloat16_gemm_path)() noexcept;  // what its bfloat16 products run on
 };
 
 }  // namespace retrace::cpu

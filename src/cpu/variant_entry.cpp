@@ -10,6 +10,7 @@ extern "C" const retrace::cpu::KernelVariant* RETRACE_CPU_VARIANT_ENTRY() noexce
 extern "C" const retrace::cpu::KernelVariant* RETRACE_CPU_VARIANT_ENTRY() noexcept {
   static constexpr retrace::cpu::KernelVariant variant{
       RETRACE_CPU_VARIANT_NAME, &retrace::cpu::resolve_kernel,
-      &retrace::cpu::cpu_supports, &retrace::cpu::sgemm};
+      &retrace::cpu::cpu_supports, &retrace::cpu::sgemm,
+      &retrace::cpu::bfloat16_gemm_path};
   return &variant;
 }
