@@ -126,6 +126,32 @@ TEST_F(BFloat16Products, MatchFloat64OnEveryShape) {
   EXPECT_EQ(zeros, std::vector<float>(64 * 64, 0.0f));
 }
 
+// Products of at most 4 rows read the bfloat16 weight in place with the float32 lanes of the
+// float32 path: the bits of a float32 product of the converted operands, rounded once.
+TEST_F(BFloat16Products, ThinProductsGiveTheBitsOfConvertedFloat32) {
+  std::uint64_t salt = 180;
+  for (std::int64_t m : {1, 2, 3, 4}) {
+    for (bool tb : {true, false}) {
+      const std::int64_t n = 1536, k = 257;
+      Tensor a = bf16(random_floats(static_cast<std::size_t>(m * k), salt++), {m, k});
+      Tensor w = bf16(random_floats(static_cast<std::size_t>(n * k), salt++),
+                      tb ? Shape{n, k} : Shape{k, n});
+      Tensor bias = bf16(random_floats(static_cast<std::size_t>(n), salt++), {n});
+      const auto as_float = [](const Tensor& t) { return ops::typecast(t, DType::float32); };
+      Tensor got, want;
+      if (tb) {
+        got = ops::linear(a, w, bias);
+        want = ops::typecast(ops::linear(as_float(a), as_float(w), as_float(bias)),
+                             DType::bfloat16);
+      } else {
+        got = ops::matmul(a, w);
+        want = ops::typecast(ops::matmul(as_float(a), as_float(w)), DType::bfloat16);
+      }
+      EXPECT_EQ(float_bits(got), float_bits(want)) << "m " << m << ", tb " << tb;
+    }
+  }
+}
+
 // NaN and infinity go where float64 puts them: a NaN poisons its row, an infinity makes its row
 // infinite (or NaN where it meets a zero or an infinity of the other sign).
 TEST_F(BFloat16Products, NaNAndInfinityLandWhereFloat64PutsThem) {

@@ -184,6 +184,10 @@ int main(int argc, char** argv) {
                       "DiT sizes to run: S, M, L, or none (only the --decode row)")
         ->delimiter(',')
         ->check(CLI::IsMember({"S", "M", "L", "none"}));
+    bench->add_option("--dtypes", bench_options.dtypes,
+                      "the step's dtypes: float32, bfloat16 or both (default)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"float32", "bfloat16"}));
     bench->add_option("--isa", bench_options.isas,
                       "CPU kernel variants to measure: names (x86-64, avx2, avx512) or all; "
                       "default: the one a device picks")

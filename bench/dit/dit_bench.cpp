@@ -61,10 +61,18 @@ struct ModeTimes {
   std::vector<double> unloaded, loaded;
 };
 
+// The largest |bfloat16 step - float32 step| over the largest |float32 step| a bfloat16 cell may
+// show (its weights and state rounded to bfloat16, its activations rounded after every op).
+constexpr double kBFloat16Tolerance = 5e-2;
+
 struct Row {
   std::string size;
   int threads = 1;
   std::string isa;  // the device's kernel variant
+  DType dtype = DType::float32;
+  std::string bfloat16_products;  // what the device's bfloat16 products run on
+  // bfloat16: the eager step against the float32 eager step from the same state and weights.
+  std::optional<double> float32_rel_error;
   double eager_ms = 0, traced_ms = 0, floor_ms = 0, floor_max_rel_diff = 0;
   double traced_p95_ms = 0;
   std::optional<double> libtorch_ms, libtorch_rel_error;
@@ -188,13 +196,15 @@ std::optional<double> libtorch_step_ms(const Row& row, int repeats, std::int64_t
   return ms;
 }
 
-Row measure(const models::NamedDiTConfig& size, int threads, const std::string& isa, int repeats,
-            std::int64_t steps, int load) {
+Row measure(const models::NamedDiTConfig& size, DType dtype, int threads, const std::string& isa,
+            int repeats, std::int64_t steps, int load) {
   cpu::set_kernel_thread_limit(threads);  // GEMMs too: OpenBLAS runs single-threaded per block
   CpuDeviceOptions options;
   options.kernel_isa = isa;
   auto device = open_cpu_device(options);
-  const models::DiTConfig& c = size.config;
+  models::DiTConfig c = size.config;
+  c.dtype = dtype;
+  const bool with_floor = dtype == DType::float32;  // the floor computes in float32
   models::DiT model(c, *device);
   const StepInputs in = step_inputs(model, steps);
   const DeviceStep device_step(model, in, *device);
@@ -216,25 +226,39 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
       *device, TraceOptions{.prep_run = true, .clone_prep_inputs = true, .name = "bench step"});
   const Tensor slot = upload(start);
   tracer(slot);  // capture (and run once)
-  const std::unique_ptr<FloorStep> floor = make_floor(model, cpu_kernel_isa(*device));
+  const std::unique_ptr<FloorStep> floor =
+      with_floor ? make_floor(model, cpu_kernel_isa(*device)) : nullptr;
   std::vector<float> floor_x = start;
   auto floor_step = [&](float* x, float a, float b) {
     floor->step(x, in.features.data(), in.label, a, b);
   };
 
-  // Agreement: one step of each from the same state.
-  std::vector<float> f = start;
-  floor_step(f.data(), in.a, in.b);
-  const std::vector<float> e = device_step(upload(start)).to_vector<float>();
-  double worst = 0.0;
-  for (std::size_t i = 0; i < e.size(); ++i) {
-    worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
-  }
   Row row;
   row.size = size.name;
   row.threads = threads;
   row.isa = cpu_kernel_isa(*device);
-  row.floor_max_rel_diff = worst;
+  row.dtype = dtype;
+  row.bfloat16_products = cpu_bfloat16_products(*device);
+  // Agreement: one step of each from the same state.
+  const std::vector<float> e = device_step(upload(start)).to_vector<float>();
+  if (with_floor) {
+    std::vector<float> f = start;
+    floor_step(f.data(), in.a, in.b);
+    double worst = 0.0;
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      worst = std::max(worst, std::abs(double(f[i]) - e[i]) / (std::abs(double(e[i])) + 1e-3));
+    }
+    row.floor_max_rel_diff = worst;
+  } else {
+    // The float32 model of the same seed (the same weights before rounding), one eager step.
+    const models::DiT reference(size.config, *device);
+    const StepInputs reference_in = step_inputs(reference, steps);
+    const DeviceStep reference_step(reference, reference_in, *device);
+    const std::vector<float> want =
+        reference_step(Tensor::from_vector<float>(start, shape, DType::float32).to_device(*device))
+            .to_vector<float>();
+    row.float32_rel_error = relative_error(e, want);
+  }
   // Each round runs every mode for `steps` consecutive steps (one untimed step first), as a
   // sampler loop runs them and as bench/python/peers.py times ONNX Runtime and torch.compile
   // (each alone in its loop). Alternating the modes step by step instead made every step start
@@ -244,17 +268,21 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   // With --load, every round then runs the modes again beside the competitors (started for the
   // round and stopped after it), so loaded and unloaded steps alternate through the run.
   ModeTimes eager_ms, traced_ms, floor_ms;
-  const std::function<void()> modes[] = {
+  std::vector<std::function<void()>> modes = {
       [&] {
         eager_x = device_step(eager_x);
         device->synchronize();
       },
-      [&] { tracer(std::get<0>(tracer.inputs())); },
-      [&] { floor_step(floor_x.data(), in.a, in.b); }};
-  ModeTimes* times[] = {&eager_ms, &traced_ms, &floor_ms};
+      [&] { tracer(std::get<0>(tracer.inputs())); }};
+  std::vector<ModeTimes*> times = {&eager_ms, &traced_ms};
+  if (with_floor) {
+    modes.emplace_back([&] { floor_step(floor_x.data(), in.a, in.b); });
+    times.push_back(&floor_ms);
+  }
+  const int mode_count = static_cast<int>(modes.size());
   auto round = [&](int r, bool loaded) {
-    for (int i = 0; i < 3; ++i) {
-      const int mode = (r + i) % 3;
+    for (int i = 0; i < mode_count; ++i) {
+      const int mode = (r + i) % mode_count;
       std::vector<double>& into = loaded ? times[mode]->loaded : times[mode]->unloaded;
       modes[mode]();  // untimed: the caches hold this mode's data again
       for (std::int64_t s = 0; s < steps; ++s) into.push_back(time_ms(modes[mode]));
@@ -269,16 +297,18 @@ Row measure(const models::NamedDiTConfig& size, int threads, const std::string& 
   }
   row.eager_ms = median(eager_ms.unloaded);
   row.traced_ms = median(traced_ms.unloaded);
-  row.floor_ms = median(floor_ms.unloaded);
+  row.floor_ms = with_floor ? median(floor_ms.unloaded) : 0.0;
   row.traced_p95_ms = percentile(traced_ms.unloaded, 0.95);
   if (load > 0) {
     row.eager_loaded_ms = median(eager_ms.loaded);
     row.traced_loaded_ms = median(traced_ms.loaded);
-    row.floor_loaded_ms = median(floor_ms.loaded);
+    if (with_floor) row.floor_loaded_ms = median(floor_ms.loaded);
     row.traced_loaded_p95_ms = percentile(traced_ms.loaded, 0.95);
   }
   return row;
 }
+
+const char* short_dtype(DType dtype) { return dtype == DType::bfloat16 ? "bf16" : "f32"; }
 
 void write_plot(const std::string& path, const std::vector<Row>& rows, bool multi_isa) {
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
@@ -290,18 +320,19 @@ void write_plot(const std::string& path, const std::vector<Row>& rows, bool mult
     std::ofstream out(data);
     out << "# case eager traced floor libtorch\n";
     for (const Row& r : rows) {
-      out << r.size << "/" << r.threads << "t" << (multi_isa ? "/" + r.isa : "") << " " << r.eager_ms << " " << r.traced_ms << " "
-          << r.floor_ms << " " << (r.libtorch_ms ? fmt::format("{}", *r.libtorch_ms) : "NaN")
-          << "\n";
+      out << r.size << "/" << short_dtype(r.dtype) << "/" << r.threads << "t"
+          << (multi_isa ? "/" + r.isa : "") << " " << r.eager_ms << " " << r.traced_ms << " "
+          << (r.floor_ms > 0.0 ? fmt::format("{}", r.floor_ms) : "NaN") << " "
+          << (r.libtorch_ms ? fmt::format("{}", *r.libtorch_ms) : "NaN") << "\n";
     }
   }
   {
     std::ofstream out(script);
     out << "set terminal pngcairo size 900,500\nset output '" << path << "'\n"
-        << "set title 'retrace: one DiT denoising step (float32, CPU device)'\n"
+        << "set title 'retrace: one DiT denoising step (CPU device; floor and libtorch float32 only)'\n"
         << "set ylabel 'ms per step (log scale)'\nset logscale y\nset style data histograms\n"
         << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
-        << "set key top left\nset grid ytics\nset xlabel 'size / kernel threads"
+        << "set key top left\nset grid ytics\nset xlabel 'size / dtype / kernel threads"
         << (multi_isa ? " / kernel variant'\nset xtics rotate by -30\n" : "'\n")
         << "plot '" << data << "' using 2:xtic(1) title 'eager', '' using 3 title 'traced', "
         << "'' using 4 title 'floor', '' using 5 title 'libtorch'\n";
@@ -368,13 +399,26 @@ bool libtorch_available() {
   return false;
 }
 
+// The bfloat16 cell's float32 twin (same size, threads and variant), if measured.
+const Row* float32_twin(const std::vector<Row>& rows, const Row& r) {
+  const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
+    return other.dtype == DType::float32 && other.size == r.size && other.threads == r.threads &&
+           other.isa == r.isa;
+  });
+  return it == rows.end() ? nullptr : &*it;
+}
+
 void print_row(const Row& r) {
   const std::string torch_ms = r.libtorch_ms ? fmt::format("{:.3f}", *r.libtorch_ms) : "-";
   const std::string over_torch =
       r.libtorch_ms ? fmt::format("{:.2f}x", r.traced_ms / *r.libtorch_ms) : "-";
-  std::printf("%-4s %7d %-7s %10.3f %10.3f %10.3f %11s %12.2fx %12.2fx %13s\n", r.size.c_str(),
-              r.threads, r.isa.c_str(), r.eager_ms, r.traced_ms, r.floor_ms, torch_ms.c_str(),
-              r.eager_ms / r.traced_ms, r.traced_ms / r.floor_ms, over_torch.c_str());
+  const bool floor = r.floor_ms > 0.0;
+  std::printf("%-4s %5s %7d %-7s %10.3f %10.3f %10s %11s %12.2fx %13s %13s\n", r.size.c_str(),
+              short_dtype(r.dtype), r.threads, r.isa.c_str(), r.eager_ms, r.traced_ms,
+              floor ? fmt::format("{:.3f}", r.floor_ms).c_str() : "-", torch_ms.c_str(),
+              r.eager_ms / r.traced_ms,
+              floor ? fmt::format("{:.2f}x", r.traced_ms / r.floor_ms).c_str() : "-",
+              over_torch.c_str());
 }
 
 // "2.31x" of loaded over unloaded, "-" without a loaded figure.
@@ -401,7 +445,7 @@ void print_load_table(const std::vector<Row>& rows, int load) {
 }
 
 nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
-                        const std::string& how) {
+                        const std::string& how, const Row* float32) {
   auto optional = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
@@ -414,16 +458,27 @@ nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
       {"threads", r.threads},
       {"kernel_isa", r.isa},
       {"kernel_isa_choice", r.isa == default_isa ? how : std::string("requested")},
+      {"dtype", std::string(dtype_name(r.dtype))},
+      {"bfloat16_products", r.bfloat16_products},
       {"eager_ms", r.eager_ms},
       {"traced_ms", r.traced_ms},
       {"traced_p95_ms", r.traced_p95_ms},
       {"libtorch_ms", optional(r.libtorch_ms)},
-      {"floor_ms", r.floor_ms},
-      {"traced_over_floor", r.traced_ms / r.floor_ms},
+      {"floor_ms", r.floor_ms > 0.0 ? nlohmann::json(r.floor_ms) : nlohmann::json(nullptr)},
+      {"traced_over_floor",
+       r.floor_ms > 0.0 ? nlohmann::json(r.traced_ms / r.floor_ms) : nlohmann::json(nullptr)},
       {"traced_over_libtorch", over(r.traced_ms, r.libtorch_ms)},
       {"eager_over_traced", r.eager_ms / r.traced_ms},
       {"floor_relative_difference", r.floor_max_rel_diff},
       {"libtorch_relative_error", optional(r.libtorch_rel_error)}};
+  if (r.dtype == DType::bfloat16) {
+    row["float32_relative_difference"] = optional(r.float32_rel_error);
+    row["float32_tolerance"] = kBFloat16Tolerance;
+    row["traced_over_float32_traced"] =
+        float32 != nullptr && float32 != &r ? nlohmann::json(r.traced_ms / float32->traced_ms)
+                                            : nlohmann::json(nullptr);
+    row["floor_relative_difference"] = nullptr;
+  }
   if (load > 0) {
     row["load"] = load;
     row["eager_loaded_ms"] = optional(r.eager_loaded_ms);
@@ -521,7 +576,7 @@ int run_dit_bench(const BenchOptions& options) {
   const std::int64_t steps = options.steps;
   std::vector<Row> rows;
   if (!options.sizes.empty()) {
-    std::printf("retrace bench: one DiT sampler step, float32, medians of %d x %lld steps per "
+    std::printf("retrace bench: one DiT sampler step, medians of %d x %lld steps per "
                 "mode%s\n",
                 repeats, static_cast<long long>(steps),
                 options.load > 0 ? fmt::format(", unloaded and beside {} busy process(es)",
@@ -533,13 +588,15 @@ int run_dit_bench(const BenchOptions& options) {
   std::printf("CPU kernel variants: %s; a device picks %s (%s)\n", describe_isas().c_str(),
               default_isa.c_str(), how.c_str());
   if (!options.sizes.empty()) {
-    std::printf("%-4s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "threads", "isa",
-                "eager_ms", "traced_ms", "floor_ms", "libtorch_ms", "eager/traced",
-                "traced/floor", "traced/torch");
+    std::printf("%-4s %5s %7s %-7s %10s %10s %10s %11s %13s %13s %13s\n", "size", "dtype",
+                "threads", "isa", "eager_ms", "traced_ms", "floor_ms", "libtorch_ms",
+                "eager/traced", "traced/floor", "traced/torch");
   }
   for (const std::string& name : options.sizes) {
     const models::NamedDiTConfig& size = find_size(name);
     for (const std::string& isa : variants) {
+     for (const std::string& dtype_name : options.dtypes) {
+      const DType dtype = dtype_name == "bfloat16" ? DType::bfloat16 : DType::float32;
       for (int threads : {1, 2}) {
         cpu::set_kernel_thread_limit(threads);
         if (cpu::kernel_threads() < threads) {
@@ -549,11 +606,11 @@ int run_dit_bench(const BenchOptions& options) {
                       cpu::kernel_threads());
           continue;
         }
-        Row r = measure(size, threads, isa, repeats, steps, options.load);
-        if (with_torch) {
+        Row r = measure(size, dtype, threads, isa, repeats, steps, options.load);
+        if (with_torch && dtype == DType::float32) {
           // libtorch does not depend on our kernel variant: timed once per size and threads.
           const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
-            return other.size == r.size && other.threads == r.threads;
+            return other.size == r.size && other.threads == r.threads && other.libtorch_ms;
           });
           if (same == rows.end()) {
             measure_libtorch(r, repeats, steps, options.load);
@@ -566,6 +623,24 @@ int run_dit_bench(const BenchOptions& options) {
         rows.push_back(r);
         print_row(r);
       }
+     }
+    }
+  }
+  bool bfloat16_mismatch = false;
+  for (const Row& r : rows) {
+    if (r.dtype != DType::bfloat16) continue;
+    const Row* twin = float32_twin(rows, r);
+    std::printf("%s %dt %s bfloat16 (products on %s): traced %s float32 traced; eager step vs the "
+                "float32 eager step: %.2e of its largest value (tolerance %.0e)\n",
+                r.size.c_str(), r.threads, r.isa.c_str(), r.bfloat16_products.c_str(),
+                twin != nullptr ? fmt::format("{:.2f}x", r.traced_ms / twin->traced_ms).c_str()
+                                : "(no float32 cell) vs",
+                r.float32_rel_error.value_or(0.0), kBFloat16Tolerance);
+    if (r.float32_rel_error.value_or(0.0) > kBFloat16Tolerance) {
+      std::fprintf(stderr, "retrace bench: size %s, %d threads: the bfloat16 step differs from the "
+                           "float32 step by %.2e (tolerance %.0e)\n",
+                   r.size.c_str(), r.threads, *r.float32_rel_error, kBFloat16Tolerance);
+      bfloat16_mismatch = true;
     }
   }
   std::vector<DecodeRow> decode_rows;
@@ -600,7 +675,7 @@ int run_dit_bench(const BenchOptions& options) {
   nlohmann::json out = nlohmann::json::array();
   bool torch_mismatch = false;
   for (const Row& r : rows) {
-    out.push_back(row_json(r, options.load, default_isa, how));
+    out.push_back(row_json(r, options.load, default_isa, how, float32_twin(rows, r)));
     if (r.libtorch_rel_error && *r.libtorch_rel_error > 1e-4) {
       std::fprintf(stderr,
                    "retrace bench: size %s, %d threads: libtorch and retrace differ by a relative "
@@ -632,7 +707,7 @@ int run_dit_bench(const BenchOptions& options) {
     std::printf("wrote %s\n", options.json_path.c_str());
   }
   if (!options.plot_path.empty() && !rows.empty()) write_plot(options.plot_path, rows, variants.size() > 1);
-  return torch_mismatch || decode_mismatch ? 1 : 0;
+  return torch_mismatch || decode_mismatch || bfloat16_mismatch ? 1 : 0;
 }
 
 int run_libtorch_peer(const std::string& size_name, int threads, int repeats,

@@ -14,6 +14,9 @@ struct BenchOptions {
   // The CPU kernel variants to measure: empty for the one a device picks by default, {"all"}
   // for every variant this CPU runs.
   std::vector<std::string> isas;
+  // The step's dtypes: "float32" and/or "bfloat16". A bfloat16 cell has no floor or libtorch
+  // mode (both float32); its eager step is compared with the float32 eager step instead.
+  std::vector<std::string> dtypes{"float32", "bfloat16"};
   int repeats = 5;          // rounds per mode
   std::int64_t steps = 3;   // timed steps per mode and round
   // Busy competitor processes (bench/dit/load.hpp) to measure every cell under as well: each

@@ -280,6 +280,20 @@ struct Lanes {
   static void store_first(float* p, std::int64_t count, V v) {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << count) - 1u), v);
   }
+  // bfloat16 values widened to float32 (exactly: the bits moved up 16 places).
+  // (The zero-masked forms: GCC 12 warns, with -Werror, in the unmasked intrinsics, which
+  // start from a deliberately undefined register.)
+  static V widen(__m256i halves) {
+    constexpr auto kAll = static_cast<__mmask16>(0xffff);
+    return _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, halves), 16));
+  }
+  static V load(const bfloat16* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V load_first(const bfloat16* p, std::int64_t count) {
+    return widen(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1u), p));
+  }
   static V broadcast(float x) { return _mm512_set1_ps(x); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -309,6 +323,16 @@ struct Lanes {
   static void store_first(float* p, std::int64_t count, V v) {
     _mm256_maskstore_ps(p, first(count), v);
   }
+  // bfloat16 values widened to float32 (exactly: the bits moved up 16 places).
+  static V load(const bfloat16* p) {
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+  }
+  static V load_first(const bfloat16* p, std::int64_t count) {
+    bfloat16 padded[n] = {};
+    std::copy(p, p + count, padded);
+    return load(padded);
+  }
   static V broadcast(float x) { return _mm256_set1_ps(x); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -320,8 +344,8 @@ struct Lanes {
 // C[R rows, W columns] for R rows of A and W rows of B (a linear's weight rows, [n, k]): each
 // element a dot product over k in vector lanes, the lanes summed at the end. Every weight value
 // is loaded once for all R rows of A.
-template <int R, int W>
-void thin_tile(std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+template <int R, int W, class B>
+void thin_tile(std::int64_t k, float alpha, const float* a, std::int64_t lda, const B* b,
                std::int64_t ldb, float* c, std::int64_t ldc, const float* bias) {
   typename Lanes::V acc[R][W];
   for (auto& row : acc) {
@@ -355,18 +379,18 @@ void thin_tile(std::int64_t k, float alpha, const float* a, std::int64_t lda, co
 // R rows of A against all n weight rows: W at a time (R x W accumulators, enough independent
 // FMA chains to cover their latency without spilling: 32 vector registers on AVX-512, 16 on
 // AVX2), then one at a time. The tile width does not change any element's sum.
-template <int R>
+template <int R, class B>
 void thin_rows(std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-               const float* b, std::int64_t ldb, float* c, std::int64_t ldc, const float* bias) {
+               const B* b, std::int64_t ldb, float* c, std::int64_t ldc, const float* bias) {
   constexpr int kRegisters = Lanes::n == 16 ? 32 : 16;
   constexpr int W = R * 8 + R + 1 <= kRegisters ? 8 : R * 4 + R + 1 <= kRegisters ? 4 : 2;
   std::int64_t j = 0;
   for (; j + W <= n; j += W) {
-    thin_tile<R, W>(k, alpha, a, lda, b + j * ldb, ldb, c + j, ldc,
+    thin_tile<R, W, B>(k, alpha, a, lda, b + j * ldb, ldb, c + j, ldc,
                     bias == nullptr ? nullptr : bias + j);
   }
   for (; j < n; ++j) {
-    thin_tile<R, 1>(k, alpha, a, lda, b + j * ldb, ldb, c + j, ldc,
+    thin_tile<R, 1, B>(k, alpha, a, lda, b + j * ldb, ldb, c + j, ldc,
                     bias == nullptr ? nullptr : bias + j);
   }
 }
@@ -376,12 +400,13 @@ void thin_rows(std::int64_t n, std::int64_t k, float alpha, const float* a, std:
 // order, and the lanes are added in its tree (halves onto each other). Here accumulator l holds
 // lane l for a vector of columns, so each column comes out with exactly the bits a [n, k]
 // weight gives: a product's bits do not depend on its operands' orientation.
-void thin_row_columns(std::int64_t n, std::int64_t k, float alpha, const float* a,
-                      const float* b, std::int64_t ldb, float* c, const float* bias) {
+template <class B>
+void thin_row_columns(std::int64_t n, std::int64_t k, float alpha, const float* a, const B* b,
+                      std::int64_t ldb, float* c, const float* bias) {
   constexpr std::int64_t L = Lanes::n;
   for (std::int64_t j = 0; j < n; j += L) {
     const std::int64_t width = std::min(L, n - j);
-    const auto load = [&](const float* p) {
+    const auto load = [&](const auto* p) {
       return width == L ? Lanes::load(p) : Lanes::load_first(p, width);
     };
     typename Lanes::V acc[L];
@@ -420,12 +445,14 @@ void thin_row_columns(std::int64_t n, std::int64_t k, float alpha, const float* 
 // (nothing written) for other products, with beta != 0, and on kernel variants without FMA
 // vectors. A column's value does not depend on n, so a product split by columns rounds as a
 // whole one does.
+// B may be bfloat16 (widened in registers: the bits of a float32 B of the same values).
 constexpr std::int64_t kThinRows = 4;
+template <class B>
 bool thin_gemm([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
                [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
                [[maybe_unused]] std::int64_t k, [[maybe_unused]] float alpha,
                [[maybe_unused]] const float* a, [[maybe_unused]] std::int64_t lda,
-               [[maybe_unused]] const float* b, [[maybe_unused]] std::int64_t ldb,
+               [[maybe_unused]] const B* b, [[maybe_unused]] std::int64_t ldb,
                [[maybe_unused]] float beta, [[maybe_unused]] float* c,
                [[maybe_unused]] std::int64_t ldc, [[maybe_unused]] const float* bias) {
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -527,7 +554,6 @@ void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
                 });
 }
 
-#if RETRACE_HAVE_ONEDNN
 // `rows` rows of `cols` bfloat16 values, `ld` apart, as dense float32 rows in `out`.
 void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                 std::vector<float>& out) {
@@ -536,6 +562,58 @@ void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std:
     for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = data[r * ld + j].to_float();
   }
 }
+
+// A bfloat16 product of at most kThinRows rows (the adaLN projection of a conditioning row, a
+// class embedding's one-hot row) by thin_gemm's float32 lanes reading the bfloat16 weight where
+// it is: the bits of a float32 product of the converted operands, without converting the whole
+// weight first. Columns split over the kernel threads as sgemm splits a thin float32 product.
+// false (nothing written) on kernel variants without thin_gemm.
+template <class C>
+bool bfloat16_thin([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
+                   [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
+                   [[maybe_unused]] std::int64_t k, [[maybe_unused]] float alpha,
+                   [[maybe_unused]] const bfloat16* a, [[maybe_unused]] std::int64_t lda,
+                   [[maybe_unused]] const bfloat16* b, [[maybe_unused]] std::int64_t ldb,
+                   [[maybe_unused]] C* c, [[maybe_unused]] std::int64_t ldc,
+                   [[maybe_unused]] GemmLibrary library, [[maybe_unused]] const float* bias) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  constexpr bool kFloatOut = std::is_same_v<C, float>;
+  thread_local std::vector<float> rows, wide_c;
+  rows.resize(static_cast<std::size_t>(m * k));
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t p = 0; p < k; ++p) {
+      rows[r * k + p] = a[ta ? p * lda + r : r * lda + p].to_float();
+    }
+  }
+  if constexpr (!kFloatOut) wide_c.resize(static_cast<std::size_t>(m * n));
+  float* out = kFloatOut ? reinterpret_cast<float*>(c) : wide_c.data();
+  const std::int64_t ldo = kFloatOut ? ldc : n;
+  const float* a_rows = rows.data();
+  auto columns = [&](std::int64_t begin, std::int64_t end) {
+    (void)thin_gemm(false, tb, m, end - begin, k, alpha, a_rows, k,
+                    tb ? b + begin * ldb : b + begin, ldb, 0.0f, out + begin, ldo,
+                    bias == nullptr ? nullptr : bias + begin);
+  };
+  if (library == GemmLibrary::automatic && !serial_kernels() &&
+      gemm_choice(m, n, k) == GemmLibrary::automatic) {
+    parallel_for(n, 64, columns);
+  } else {
+    columns(0, n);
+  }
+  if constexpr (!kFloatOut) {
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        c[r * ldc + j] = bfloat16::from_float(wide_c[r * n + j]);
+      }
+    }
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if RETRACE_HAVE_ONEDNN
 
 // One block of a bfloat16 product on the calling thread: one oneDNN call, or where oneDNN
 // refuses the shape, a float32 product of converted copies (rounded once as well).
@@ -654,10 +732,13 @@ bool bfloat16_product([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans
                       [[maybe_unused]] C* c, [[maybe_unused]] std::int64_t ldc,
                       [[maybe_unused]] GemmLibrary library,
                       [[maybe_unused]] const float* bias) {
-#if RETRACE_HAVE_ONEDNN
-  if (!bfloat16_gemm_native() || m < 1 || n < 1 || k < 1 || (bias != nullptr && alpha != 1.0f)) {
-    return false;
+  if (m < 1 || n < 1 || k < 1) return false;
+  if (library != GemmLibrary::onednn && m <= kThinRows &&
+      bfloat16_thin(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library, bias)) {
+    return true;
   }
+#if RETRACE_HAVE_ONEDNN
+  if (!bfloat16_gemm_native() || (bias != nullptr && alpha != 1.0f)) return false;
   if (library == GemmLibrary::onednn) {  // whatever the size, on the calling thread
     bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias);
     return true;

@@ -137,9 +137,12 @@ void attention_kernel(const std::byte* raw) {
       std::clamp<std::int64_t>((std::int64_t{1} << 17) / std::max<std::int64_t>(p.sk, 1), 16, 128);
   const std::int64_t blocks = (p.sq + kBlockRows - 1) / kBlockRows;
   const std::int64_t kv_heads = p.kv_heads > 0 ? p.kv_heads : p.heads;
+  // Native where a block's products are worth a library call (from ~32k multiply-adds, as for
+  // other products): tiny heads (a handful of tokens) convert and stay on the calling thread.
   bool native = false;
   if constexpr (std::is_same_v<T, bfloat16>) {
-    native = bfloat16_gemm_native() && p.d > 0 && p.dv > 0;
+    native = bfloat16_gemm_native() && p.d > 0 && p.dv > 0 &&
+             std::min(p.sq, kBlockRows) * p.sk * std::max(p.d, p.dv) >= (std::int64_t{1} << 15);
   }
   parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
     std::int64_t loaded_kv = -1;  // the key/value head whose rows k and v point at
