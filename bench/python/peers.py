@@ -14,6 +14,12 @@ step's inputs and retrace's result of the step). For each size and thread count 
   the peer's row says it disagrees) and times it: the median of ROUNDS x STEPS steps after a
   warm-up, like `retrace bench`.
 
+A bfloat16 row of `retrace bench` (`"dtype": "bfloat16"`) gets bfloat16 peers instead:
+torch.compile and PyTorch eager with the weights and inputs rounded to bfloat16, and ONNX
+Runtime where its CPU provider runs bfloat16 (this script probes a bfloat16 MatMul; where it
+cannot, the row says so). Their results are checked against retrace's float32 step within
+BFLOAT16_TOLERANCE, the bound `retrace bench` holds its own bfloat16 step to.
+
 It writes the peers' medians and the ratios of retrace's traced step to each peer and to the
 best peer into the rows of build/bench.json (`onnxruntime_ms`, `torch_compile_ms`,
 `best_peer_ms`, `traced_over_best_peer`, ...), prints the table and draws
@@ -196,8 +202,33 @@ def onnx_model(s: Step):
     return model
 
 
-def onnxruntime_runner(s: Step, threads: int):
+# A bfloat16 cell's agreement with the float32 step (as `retrace bench` checks its own).
+BFLOAT16_TOLERANCE = 5e-2
+
+
+def onnxruntime_bfloat16_probe() -> None:
+    """Raises, saying why, when ONNX Runtime's CPU provider cannot run a bfloat16 MatMul."""
     import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    io = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 2]) for n in "abc"]
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "probe", io[:2],
+                              io[2:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - the reason is the message
+        raise RuntimeError("ONNX Runtime's CPU provider has no bfloat16 MatMul kernel, so it "
+                           f"cannot run the step in bfloat16 ({e})") from None
+    raise RuntimeError("ONNX Runtime runs a bfloat16 MatMul here, but this script builds its "
+                       "step graph in float32 only")
+
+
+def onnxruntime_runner(s: Step, threads: int, dtype: str = "float32"):
+    import onnxruntime as ort
+
+    if dtype != "float32":
+        onnxruntime_bfloat16_probe()
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -213,12 +244,15 @@ def onnxruntime_runner(s: Step, threads: int):
 
 # --- torch.compile -----------------------------------------------------------------------------
 
-def torch_compile_runner(s: Step, threads: int):
+def torch_module(s: Step, threads: int, dtype: str):
+    """The step as a torch module, its weights in `dtype` (rounded once from float32), and its
+    inputs."""
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
-    w = {k: torch.from_numpy(v.astype(np.float32)) for k, v in s.weights.items()}
+    kind = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    w = {k: torch.from_numpy(v.astype(np.float32)).to(kind) for k, v in s.weights.items()}
     h, heads, tokens, d = s.hidden, s.heads, s.tokens, s.hidden // s.heads
 
     class DiTStep(torch.nn.Module):
@@ -261,15 +295,33 @@ def torch_compile_runner(s: Step, threads: int):
             y = y.reshape(1, co, s.input_size, s.input_size)
             return x * s.a + y[:, :s.in_channels] * s.b
 
+    x = torch.from_numpy(s.x).to(kind)
+    t = torch.from_numpy(s.t_frequencies).to(kind)
+    return DiTStep().eval(), x, t
+
+
+def torch_compile_runner(s: Step, threads: int, dtype: str = "float32"):
+    import torch
     import torch._inductor.config as inductor_config
+
     inductor_config.freezing = True
-    model = DiTStep().eval()
+    model, x, t = torch_module(s, threads, dtype)
     compiled = torch.compile(model, backend="inductor")
-    x, t = torch.from_numpy(s.x), torch.from_numpy(s.t_frequencies)
 
     def run():
         with torch.inference_mode():
-            return compiled(x, t).numpy()
+            return compiled(x, t).float().numpy()
+    return run
+
+
+def torch_eager_runner(s: Step, threads: int, dtype: str = "float32"):
+    import torch
+
+    model, x, t = torch_module(s, threads, dtype)
+
+    def run():
+        with torch.inference_mode():
+            return model(x, t).float().numpy()
     return run
 
 
@@ -314,7 +366,8 @@ def step_times(run, rounds: int, steps: int, processes: int) -> tuple[list[float
     return unloaded, loaded
 
 
-PEERS = {"onnxruntime": onnxruntime_runner, "torch_compile": torch_compile_runner}
+PEERS = {"onnxruntime": onnxruntime_runner, "torch_compile": torch_compile_runner,
+         "torch_eager": torch_eager_runner}
 
 
 def versions() -> dict[str, str]:
@@ -335,7 +388,7 @@ def plot(rows: list[dict], path: Path) -> None:
     except ImportError:
         print("peers: chart skipped (matplotlib is not installed)")
         return
-    cases = [f"{r['size']}/{r['threads']}t" for r in rows]
+    cases = [f"{r['size']}/{r.get('dtype', 'float32')[:4]}/{r['threads']}t" for r in rows]
     series = [("retrace traced", "traced_ms"), ("retrace floor", "floor_ms"),
               ("ONNX Runtime", "onnxruntime_ms"), ("torch.compile", "torch_compile_ms")]
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -346,7 +399,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.5)
     ax.set_xticks(range(len(rows)), cases)
     ax.set_ylabel("time / retrace traced (higher: retrace faster)")
-    ax.set_title("DiT step, float32, CPU: each mode's median relative to retrace traced")
+    ax.set_title("DiT step, CPU: each mode's median relative to retrace traced (same dtype)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -361,7 +414,10 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, default=Path("build/bench_peers.png"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--peers", default="onnxruntime,torch_compile")
+    parser.add_argument("--peers", default="onnxruntime,torch_compile",
+                        help="peers of the float32 cells")
+    parser.add_argument("--bfloat16-peers", default="onnxruntime,torch_compile,torch_eager",
+                        help="peers of the bfloat16 cells (bfloat16 weights and inputs)")
     parser.add_argument("--load", type=int, default=None,
                         help="busy processes to time the peers beside as well (default: the "
                              "bench rows' load, or none)")
@@ -376,10 +432,15 @@ def main() -> int:
         args.load = max((int(r.get("load") or 0) for r in rows), default=0)
     print(f"peers: {json.dumps(versions())}; {os.cpu_count()} CPUs")
     steps: dict[str, Step] = {}
-    measured: dict[tuple[str, str, int], dict] = {}  # (peer, size, threads): its columns
+    measured: dict[tuple[str, str, str, int], dict] = {}  # (peer, dtype, size, threads)
     failed = False
     for row in rows:
         size, threads = row["size"], int(row["threads"])
+        dtype = row.get("dtype", "float32")
+        # float32 peers against retrace's float32 step within 1e-4; bfloat16 ones within
+        # BFLOAT16_TOLERANCE of that float32 step, as retrace's bfloat16 step is checked.
+        tolerance = 1e-4 if dtype == "float32" else BFLOAT16_TOLERANCE
+        peers = args.peers if dtype == "float32" else args.bfloat16_peers
         path = args.steps_dir / f"dit_step_{size}.safetensors"
         if not path.exists():
             print(f"peers: no {path} (run retrace bench --export-steps {args.steps_dir}); "
@@ -389,46 +450,53 @@ def main() -> int:
             steps[size] = Step(size, path)
         s = steps[size]
         best = None
-        for peer in args.peers.split(","):
+        for peer in peers.split(","):
             key = f"{peer}_ms"
             # Peers do not depend on retrace's kernel variant: once per size and thread count.
-            if (peer, size, threads) not in measured:
+            if (peer, dtype, size, threads) not in measured:
                 columns = {}
                 try:
-                    run = PEERS[peer](s, threads)
+                    run = PEERS[peer](s, threads, dtype)
                     error = s.relative_error(run())
                     columns[f"{peer}_relative_error"] = error
+                    columns[f"{peer}_tolerance"] = tolerance
                     unloaded, loaded = step_times(run, args.rounds, args.steps, args.load)
                     columns[key] = statistics.median(unloaded)
                     if loaded:
                         columns[f"{peer}_loaded_ms"] = statistics.median(loaded)
                         columns[f"{peer}_loaded_over_unloaded"] = (
                             columns[f"{peer}_loaded_ms"] / columns[key])
-                    if error > 1e-4:
-                        print(f"peers: {peer} at {size}/{threads}t differs from retrace by a "
-                              f"relative {error:.2e}", file=sys.stderr)
+                    if error > tolerance:
+                        print(f"peers: {peer} ({dtype}) at {size}/{threads}t differs from "
+                              f"retrace's float32 step by a relative {error:.2e} (tolerance "
+                              f"{tolerance:.0e})", file=sys.stderr)
                         failed = True
                 except Exception as e:  # noqa: BLE001 - a peer that cannot run is skipped
                     columns[key] = None
                     columns[f"{peer}_skipped"] = f"{e.__class__.__name__}: {e}"
-                    print(f"peers: {peer} skipped at {size}/{threads}t: {columns[f'{peer}_skipped']}")
-                measured[(peer, size, threads)] = columns
-            row.update(measured[(peer, size, threads)])
+                    print(f"peers: {peer} ({dtype}) skipped at {size}/{threads}t: "
+                          f"{columns[f'{peer}_skipped']}")
+                measured[(peer, dtype, size, threads)] = columns
+            row.update(measured[(peer, dtype, size, threads)])
             if row.get(key) is not None:
                 best = row[key] if best is None else min(best, row[key])
                 row[f"traced_over_{peer}"] = row["traced_ms"] / row[key]
         row["best_peer_ms"] = best
         row["traced_over_best_peer"] = row["traced_ms"] / best if best else None
 
-    print(f"{'size':>4} {'thr':>3} {'isa':>7} {'traced':>9} {'floor':>9} {'onnxrt':>9} "
-          f"{'compile':>9} {'traced/best peer':>17}")
+    print(f"{'size':>4} {'dtype':>8} {'thr':>3} {'isa':>7} {'traced':>9} {'floor':>9} "
+          f"{'onnxrt':>9} {'compile':>9} {'torch':>9} {'traced/best peer':>17}  agreement")
     for r in rows:
         def ms(key):
             return f"{r[key]:9.3f}" if r.get(key) is not None else f"{'-':>9}"
         ratio = r.get("traced_over_best_peer")
-        print(f"{r['size']:>4} {r['threads']:>3} {r.get('kernel_isa', ''):>7} {ms('traced_ms')} "
-              f"{ms('floor_ms')} {ms('onnxruntime_ms')} {ms('torch_compile_ms')} "
-              f"{(f'{ratio:.2f}x' if ratio else '-'):>17}")
+        agreement = ", ".join(
+            f"{peer} {r[peer + '_relative_error']:.1e} (<= {r[peer + '_tolerance']:.0e})"
+            for peer in PEERS if r.get(peer + "_relative_error") is not None)
+        print(f"{r['size']:>4} {r.get('dtype', 'float32'):>8} {r['threads']:>3} "
+              f"{r.get('kernel_isa', ''):>7} {ms('traced_ms')} {ms('floor_ms')} "
+              f"{ms('onnxruntime_ms')} {ms('torch_compile_ms')} {ms('torch_eager_ms')} "
+              f"{(f'{ratio:.2f}x' if ratio else '-'):>17}  {agreement}")
     if args.load > 0:
         print(f"under load: {args.load} busy process(es); each mode's median step loaded / "
               "unloaded")
