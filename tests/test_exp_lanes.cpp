@@ -69,4 +69,32 @@ TEST(ExpLanesTest, SixteenLaneFormsMatchThePerElementFormsBitForBit) {
   if (checked == 0) GTEST_SKIP() << "no kernel variant with the 16-lane forms runs on this CPU";
 }
 
+// The bfloat16 loops round their float32 results in blocks (vectorised on AVX2 and AVX-512
+// variants): the same bits as bfloat16::from_float on every float, NaN and infinity included.
+TEST(ExpLanesTest, BlockRoundingToBFloat16MatchesFromFloat) {
+  int checked = 0;
+  for (const Row& row : kRows) {
+    if (!retrace::cpu::unsupported_reason(row.name, retrace::cpu::this_cpu()).empty()) continue;
+    struct Range {
+      std::uint32_t first, step;
+      std::uint64_t count;
+    };
+    std::vector<Range> ranges{{0u, 97u, (std::uint64_t{1} << 32) / 97}};
+    // Around ties, the largest finite floats, infinities, NaNs and zeros of both signs.
+    for (std::uint32_t edge : {0x3f808000u, 0x7f7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                               0xffc00001u, 0x00000000u, 0x80000000u, 0x00008000u}) {
+      ranges.push_back({edge - (1u << 14), 1u, 1u << 15});
+    }
+    for (const Range& r : ranges) {
+      std::uint32_t input = 0;
+      float want = 0, got = 0;
+      EXPECT_EQ(row.entry(4, r.first, r.step, r.count, &input, &want, &got), 0)
+          << row.name << ": first at input bits 0x" << std::hex << input << std::dec
+          << ": from_float " << want << ", block " << got;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 }  // namespace

@@ -16,7 +16,7 @@
 #include <limits>
 #include <type_traits>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -249,17 +249,79 @@ inline void softmax_row(const float* in, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] *= inv;
 }
 
+// bfloat16 and float16 loops run in blocks of kHalfBlock values: widened to float32 on the
+// stack, the float32 loop (vectorised, its 16-lane forms included), rounded back. Each loop
+// then vectorises, where the element-by-element form (convert, op, round per value) ran 1.6x
+// slower than float32 (gelu_tanh on the DiT's activations); every value is the same float32
+// function of the same inputs, rounded once, so the bits are those of the element-by-element
+// form. A block is read whole before it is written, so out may be an input.
+template <class T>
+inline constexpr bool kIsHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+inline constexpr std::int64_t kHalfBlock = 256;
+template <class T>
+void widen_block(const T* in, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = in[i].to_float();
+}
+template <class T>
+void narrow_block(const float* in, T* out, std::int64_t n) {
+  std::int64_t i = 0;
+#ifdef __AVX2__
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    // bfloat16::from_float 16 values at a time: round to nearest even by adding 0x7fff plus
+    // the lowest kept bit, NaN kept quiet with its sign; the halves packed in order.
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    const __m256i infinity = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x40);
+    for (; i + 16 <= n; i += 16) {
+      __m256i half[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(in + i + 8 * h));
+        const __m256i high = _mm256_srli_epi32(u, 16);
+        const __m256i rounded = _mm256_srli_epi32(
+            _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(high, one))), 16);
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, magnitude), infinity);
+        half[h] = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, quiet), nan);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permute4x64_epi64(_mm256_packus_epi32(half[0], half[1]), 0xd8));
+    }
+  }
+#endif
+  for (; i < n; ++i) out[i] = T::from_float(in[i]);
+}
+
 template <BinaryOp op, class T>
 void binary_loop(const T* a, const T* b, T* out, std::int64_t n) {
   using E = Elem<T>;
-  for (std::int64_t i = 0; i < n; ++i)
-    E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i)));
+  if constexpr (kIsHalf<T>) {
+    float x[kHalfBlock], y[kHalfBlock];
+    for (std::int64_t i = 0; i < n; i += kHalfBlock) {
+      const std::int64_t m = std::min(kHalfBlock, n - i);
+      widen_block(a + i, x, m);
+      widen_block(b + i, y, m);
+      binary_loop<op, float>(x, y, x, m);
+      narrow_block(x, out + i, m);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i)
+      E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i)));
+  }
 }
 
 template <BinaryOp op, class T>
 void binary_scalar_loop(const T* a, T* out, std::int64_t n, typename Elem<T>::compute s) {
   using E = Elem<T>;
-  for (std::int64_t i = 0; i < n; ++i) E::store(out, i, apply_binary<op>(E::load(a, i), s));
+  if constexpr (kIsHalf<T>) {
+    float x[kHalfBlock];
+    for (std::int64_t i = 0; i < n; i += kHalfBlock) {
+      const std::int64_t m = std::min(kHalfBlock, n - i);
+      widen_block(a + i, x, m);
+      binary_scalar_loop<op, float>(x, x, m, s);
+      narrow_block(x, out + i, m);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) E::store(out, i, apply_binary<op>(E::load(a, i), s));
+  }
 }
 
 #ifdef __AVX512F__
@@ -288,6 +350,16 @@ template <UnaryOp op>
 template <UnaryOp op, class T>
 void unary_loop(const T* a, T* out, std::int64_t n) {
   using E = Elem<T>;
+  if constexpr (kIsHalf<T> && std::is_same_v<typename E::compute, float>) {
+    float x[kHalfBlock];
+    for (std::int64_t i = 0; i < n; i += kHalfBlock) {
+      const std::int64_t m = std::min(kHalfBlock, n - i);
+      widen_block(a + i, x, m);
+      unary_loop<op, float>(x, x, m);
+      narrow_block(x, out + i, m);
+    }
+    return;
+  }
   std::int64_t i = 0;
 #ifdef __AVX512F__
   if constexpr (std::is_same_v<T, float> && kHasLanesForm<op>) {

@@ -96,42 +96,70 @@ void softmax_kernel(const std::byte* raw) {
                    } else {
                      thread_local std::vector<float> row;
                      row.resize(static_cast<std::size_t>(p.cols));
-                     for (std::int64_t c = 0; c < p.cols; ++c)
-                       row[c] = Elem<T>::load(a + r * p.cols, c);
+                     widen_block(a + r * p.cols, row.data(), p.cols);
                      softmax_row(row.data(), row.data(), p.cols);
-                     for (std::int64_t c = 0; c < p.cols; ++c)
-                       Elem<T>::store(out + r * p.cols, c, row[c]);
+                     narrow_block(row.data(), out + r * p.cols, p.cols);
                    }
                  }
                });
 }
 
+// One row of layer_norm (or rms_norm) in float32: mean and variance in fixed lanes, then
+// (x - mean) * inv (* w) (+ b). w and b may be null.
+void norm_row(const float* row, const float* w, const float* b, float* o, std::int64_t cols,
+              bool rms, float eps) {
+  const auto n = static_cast<float>(cols);
+  const auto x = [&](std::int64_t c) { return row[c]; };
+  const float mean = rms ? 0.0f : lane_sum(cols, x) / n;
+  const float var = lane_sum(cols, [&](std::int64_t c) {
+    const float d = x(c) - mean;
+    return d * d;
+  });
+  const float inv = 1.0f / std::sqrt(var / n + eps);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    float y = (x(c) - mean) * inv;
+    if (w != nullptr) y *= w[c];
+    if (b != nullptr) y += b[c];
+    o[c] = y;
+  }
+}
+
+// bfloat16 and float16 rows are widened to float32 once (weight and bias once per thread),
+// normalised by the float32 code and rounded back: the same values through the same float32
+// operations, without converting each value three times.
 template <class T>
 void norm_kernel(const std::byte* raw) {
   const auto& p = params_as<NormParams>(raw);
-  using E = Elem<T>;
   const T* a = static_cast<const T*>(p.a);
   const T* w = static_cast<const T*>(p.weight);
   const T* b = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
-  const auto cols = static_cast<float>(p.cols);
   parallel_for(p.rows, rows_per_task(p.cols, kMinTaskElements),
                [&](std::int64_t begin, std::int64_t end) {
-                 for (std::int64_t r = begin; r < end; ++r) {
-                   const T* row = a + r * p.cols;
-                   T* o = out + r * p.cols;
-                   const auto x = [&](std::int64_t c) { return float(E::load(row, c)); };
-                   const float mean = p.rms ? 0.0f : lane_sum(p.cols, x) / cols;
-                   const float var = lane_sum(p.cols, [&](std::int64_t c) {
-                     const float d = x(c) - mean;
-                     return d * d;
-                   });
-                   const float inv = 1.0f / std::sqrt(var / cols + p.eps);
-                   for (std::int64_t c = 0; c < p.cols; ++c) {
-                     float y = (x(c) - mean) * inv;
-                     if (w != nullptr) y *= float(E::load(w, c));
-                     if (b != nullptr) y += float(E::load(b, c));
-                     E::store(o, c, y);
+                 if constexpr (std::is_same_v<T, float>) {
+                   for (std::int64_t r = begin; r < end; ++r) {
+                     norm_row(a + r * p.cols, w, b, out + r * p.cols, p.cols, p.rms, p.eps);
+                   }
+                 } else {
+                   thread_local std::vector<float> row, weight, bias;
+                   const auto cols = static_cast<std::size_t>(p.cols);
+                   row.resize(cols);
+                   const float* wf = nullptr;
+                   const float* bf = nullptr;
+                   if (w != nullptr) {
+                     weight.resize(cols);
+                     widen_block(w, weight.data(), p.cols);
+                     wf = weight.data();
+                   }
+                   if (b != nullptr) {
+                     bias.resize(cols);
+                     widen_block(b, bias.data(), p.cols);
+                     bf = bias.data();
+                   }
+                   for (std::int64_t r = begin; r < end; ++r) {
+                     widen_block(a + r * p.cols, row.data(), p.cols);
+                     norm_row(row.data(), wf, bf, row.data(), p.cols, p.rms, p.eps);
+                     narrow_block(row.data(), out + r * p.cols, p.cols);
                    }
                  }
                });

@@ -47,6 +47,7 @@ std::int64_t compare_forms(Lanes lanes_form, Scalar scalar_form, std::uint32_t f
 }  // namespace
 
 // Compares op `op` (0 exp, 1 sigmoid, 2 silu, 3 gelu_tanh) in 16 lanes with the per-element form
+// (op 4: the block rounding of float32 to bfloat16 with bfloat16::from_float, on every variant)
 // on the float bit patterns first, first + step, ... (count of them, wrapping around 2^32).
 // Returns how many differ (the first one's input and both results through *bad_*), or -1 when
 // this variant has no 16-lane forms.
@@ -57,6 +58,26 @@ extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(int op, std::uint32_t first, s
 extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(int op, std::uint32_t first, std::uint32_t step,
                                                   std::uint64_t count, std::uint32_t* bad_input,
                                                   float* bad_scalar, float* bad_lanes) noexcept {
+  if (op == 4) {  // narrow_block<bfloat16> (vectorised where the variant has AVX2) vs from_float
+    std::int64_t differ = 0;
+    std::uint32_t bits = first;
+    for (std::uint64_t done = 0; done < count; done += 64) {
+      float in[64];
+      retrace::bfloat16 out[64];
+      const int n = static_cast<int>(count - done < 64 ? count - done : 64);
+      for (int l = 0; l < n; ++l, bits += step) std::memcpy(&in[l], &bits, sizeof bits);
+      retrace::cpu::narrow_block(in, out, n);
+      for (int l = 0; l < n; ++l) {
+        const retrace::bfloat16 want = retrace::bfloat16::from_float(in[l]);
+        if (want.bits != out[l].bits && differ++ == 0) {
+          std::memcpy(bad_input, &in[l], sizeof *bad_input);
+          *bad_scalar = want.to_float();
+          *bad_lanes = out[l].to_float();
+        }
+      }
+    }
+    return differ;
+  }
 #ifdef __AVX512F__
   using retrace::UnaryOp;
   using retrace::cpu::Lanes16;
