@@ -9,6 +9,7 @@
 // own per size and thread count (see measure_libtorch). Medians and ratios go to JSON, and a
 // gnuplot chart when gnuplot is installed.
 #include "dit_bench.hpp"
+#include "fma_peak.hpp"
 #include "floor_dit.hpp"
 #include "load.hpp"
 
@@ -75,6 +76,8 @@ struct Row {
   std::optional<double> float32_rel_error;
   double eager_ms = 0, traced_ms = 0, floor_ms = 0, floor_max_rel_diff = 0;
   double traced_p95_ms = 0;
+  // The traced step's linears (a profiled replay): their time per step and GFLOP/s.
+  std::optional<double> linear_ms, linear_gflops;
   std::optional<double> libtorch_ms, libtorch_rel_error;
   // Under --load: medians, and the traced step's 95th percentile.
   std::optional<double> eager_loaded_ms, traced_loaded_ms, floor_loaded_ms, traced_loaded_p95_ms;
@@ -196,6 +199,23 @@ std::optional<double> libtorch_step_ms(const Row& row, int repeats, std::int64_t
   return ms;
 }
 
+// The multiply-adds of the step's linears, times 2 (batch 1), and how many there are: each
+// [out, in] weight (the patch embedding's [hidden, channels, p, p] too) applied to every token,
+// or to the one conditioning row (the timestep MLP, the adaLN projections).
+std::pair<double, int> linear_flops(const models::DiTConfig& c) {
+  double flops = 0;
+  int linears = 0;
+  for (const auto& [name, shape] : models::DiT::weight_shapes(c)) {
+    if (!name.ends_with(".weight") || name.starts_with("y_embedder") || shape.rank() < 2) continue;
+    const bool one_row =
+        name.find("adaLN") != std::string::npos || name.starts_with("t_embedder");
+    flops += 2.0 * static_cast<double>(one_row ? 1 : c.tokens()) *
+             static_cast<double>(shape.numel());
+    ++linears;
+  }
+  return {flops, linears};
+}
+
 Row measure(const models::NamedDiTConfig& size, DType dtype, int threads, const std::string& isa,
             int repeats, std::int64_t steps, int load) {
   cpu::set_kernel_thread_limit(threads);  // GEMMs too: OpenBLAS runs single-threaded per block
@@ -294,6 +314,22 @@ Row measure(const models::NamedDiTConfig& size, DType dtype, int threads, const 
       const Load competitors(load, kLoadLimit);
       round(r, true);
     }
+  }
+  // Where the traced step's time goes: the linears' share, from replays with every command
+  // timed (after the timed rounds, so it changes none of the figures above).
+  const TraceProfile profile =
+      device->profile_trace(tracer.trace_ids().front(), kDefaultQueue, 5);
+  double linear_ns = 0;
+  int linear_commands = 0;
+  for (std::size_t i = 0; i < profile.ops.size(); ++i) {
+    if (profile.ops[i] != "linear") continue;
+    linear_ns += profile.command_ns[i];
+    ++linear_commands;
+  }
+  const auto [flops, linears] = linear_flops(c);
+  if (linear_commands == linears && linear_ns > 0) {
+    row.linear_ms = linear_ns / 1e6;
+    row.linear_gflops = flops / linear_ns;
   }
   row.eager_ms = median(eager_ms.unloaded);
   row.traced_ms = median(traced_ms.unloaded);
@@ -445,7 +481,8 @@ void print_load_table(const std::vector<Row>& rows, int load) {
 }
 
 nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
-                        const std::string& how, const Row* float32) {
+                        const std::string& how, const Row* float32,
+                        const std::optional<FmaPeak>& peak) {
   auto optional = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
@@ -471,6 +508,13 @@ nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
       {"eager_over_traced", r.eager_ms / r.traced_ms},
       {"floor_relative_difference", r.floor_max_rel_diff},
       {"libtorch_relative_error", optional(r.libtorch_rel_error)}};
+  row["linear_ms"] = optional(r.linear_ms);
+  row["linear_gflops"] = optional(r.linear_gflops);
+  row["fma_peak_gflops_per_thread"] = peak ? nlohmann::json(peak->gflops) : nlohmann::json(nullptr);
+  row["fma_peak_isa"] = peak ? nlohmann::json(peak->isa) : nlohmann::json(nullptr);
+  row["linear_over_fma_peak"] =
+      peak && r.linear_gflops ? nlohmann::json(*r.linear_gflops / (peak->gflops * r.threads))
+                              : nlohmann::json(nullptr);
   if (r.dtype == DType::bfloat16) {
     row["float32_relative_difference"] = optional(r.float32_rel_error);
     row["float32_tolerance"] = kBFloat16Tolerance;
@@ -674,8 +718,28 @@ int run_dit_bench(const BenchOptions& options) {
   if (options.load > 0) print_load_table(rows, options.load);
   nlohmann::json out = nlohmann::json::array();
   bool torch_mismatch = false;
+  // The core's float32 FMA peak at each measured variant's vector width (one thread).
+  std::map<std::string, std::optional<FmaPeak>> peaks;
   for (const Row& r : rows) {
-    out.push_back(row_json(r, options.load, default_isa, how, float32_twin(rows, r)));
+    if (!peaks.contains(r.isa)) peaks[r.isa] = measure_fma_peak(r.isa);
+  }
+  if (!rows.empty()) std::printf("\nthe traced step's linears (a profiled replay):\n");
+  for (const Row& r : rows) {
+    const std::optional<FmaPeak>& peak = peaks[r.isa];
+    if (r.linear_gflops) {
+      std::printf("%s %s %dt %s: linears %.3f ms, %.1f GFLOP/s%s\n", r.size.c_str(),
+                  short_dtype(r.dtype), r.threads, r.isa.c_str(), *r.linear_ms, *r.linear_gflops,
+                  peak ? fmt::format(" ({:.0f}% of the float32 FMA peak of {} thread(s), "
+                                     "{:.1f} GFLOP/s each with {} FMAs)",
+                                     100.0 * *r.linear_gflops / (peak->gflops * r.threads),
+                                     r.threads, peak->gflops, peak->isa)
+                             .c_str()
+                       : "");
+    }
+  }
+  for (const Row& r : rows) {
+    out.push_back(
+        row_json(r, options.load, default_isa, how, float32_twin(rows, r), peaks[r.isa]));
     if (r.libtorch_rel_error && *r.libtorch_rel_error > 1e-4) {
       std::fprintf(stderr,
                    "retrace bench: size %s, %d threads: libtorch and retrace differ by a relative "
