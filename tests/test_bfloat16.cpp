@@ -4,6 +4,8 @@
 // infinity, replays, and a weight written between replays.
 #include "support.hpp"
 
+#include "cpu/parallel.hpp"
+
 #include <retrace/retrace.hpp>
 
 #include <gtest/gtest.h>
@@ -225,24 +227,31 @@ TEST_F(BFloat16Products, AttentionMatchesFloat64) {
   }
 }
 
-// A product's bits do not depend on how many kernel threads split it: a device whose kernels
-// run on one thread gives the shared device's bits.
+// A product's bits do not depend on how many kernel threads split it: the same device limited
+// to one kernel thread gives the bits of all of them. (A device opened with kernel_threads = 1
+// may take another library for its single-threaded GEMMs; see devices.md.)
 TEST_F(BFloat16Products, TheKernelThreadsGiveTheBitsOfOneThread) {
-  auto whole = open_cpu_device(CpuDeviceOptions{.id = DeviceId{22}, .kernel_threads = 1});
   const auto xv = random_floats(256 * 384, 160), wv = random_floats(1152 * 384, 161),
              bv = random_floats(1152, 162), qv = random_floats(2 * 4 * 256 * 64, 163);
-  auto run = [&](Device& device) {
+  auto run = [&] {
     auto put = [&](const std::vector<float>& v, const Shape& s) {
-      return device_tensor(device, v, s, DType::bfloat16);
+      return device_tensor(*device_, v, s, DType::bfloat16);
     };
     const Tensor x = put(xv, {256, 384});
     const Tensor q = put(qv, {2, 4, 256, 64});
     return std::vector<std::vector<std::uint32_t>>{
         float_bits(ops::linear(x, put(wv, {1152, 384}), put(bv, {1152}))),
         float_bits(ops::matmul(x, put(wv, {384, 1152}))),
+        // One row against a [1536, 256] weight: its columns split over the threads.
+        float_bits(ops::linear(put({xv.begin(), xv.begin() + 256}, {1, 256}),
+                               put({wv.begin(), wv.begin() + 1536 * 256}, {1536, 256}))),
         float_bits(ops::scaled_dot_product_attention(q, q, q))};
   };
-  EXPECT_EQ(run(*device_), run(*whole));
+  const auto shared = run();
+  cpu::set_kernel_thread_limit(1);
+  const auto one = run();
+  cpu::set_kernel_thread_limit(1 << 20);
+  EXPECT_EQ(shared, one);
 }
 
 // Replays read the weight where it is: a weight written between replays (in place, as a

@@ -554,15 +554,6 @@ void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
                 });
 }
 
-// `rows` rows of `cols` bfloat16 values, `ld` apart, as dense float32 rows in `out`.
-void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-                std::vector<float>& out) {
-  out.resize(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = data[r * ld + j].to_float();
-  }
-}
-
 // A bfloat16 product of at most kThinRows rows (the adaLN projection of a conditioning row, a
 // class embedding's one-hot row) by thin_gemm's float32 lanes reading the bfloat16 weight where
 // it is: the bits of a float32 product of the converted operands, without converting the whole
@@ -614,6 +605,14 @@ bool bfloat16_thin([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
 }
 
 #if RETRACE_HAVE_ONEDNN
+// `rows` rows of `cols` bfloat16 values, `ld` apart, as dense float32 rows in `out`.
+void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                std::vector<float>& out) {
+  out.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = data[r * ld + j].to_float();
+  }
+}
 
 // One block of a bfloat16 product on the calling thread: one oneDNN call, or where oneDNN
 // refuses the shape, a float32 product of converted copies (rounded once as well).
@@ -622,8 +621,8 @@ void bfloat16_block(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64
                     float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                     std::int64_t ldb, C* c, std::int64_t ldc, const float* bias) {
   constexpr bool kFloatOut = std::is_same_v<C, float>;
-  const OnednnKey key{m,  n,  k,     lda,   ldb,           ldc,  ta,       tb,
-                      false, bias != nullptr, alpha, true, kFloatOut};
+  const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, /*accumulate=*/false,
+                      /*bias=*/bias != nullptr, alpha, /*bf16=*/true, kFloatOut};
   if (OnednnGemm* g = find_onednn(key)) {
     run_onednn(*g, a, b, c, bias);
     return;
@@ -724,14 +723,10 @@ const char* bfloat16_gemm_path() noexcept {
 
 namespace {
 template <class C>
-bool bfloat16_product([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b,
-                      [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
-                      [[maybe_unused]] std::int64_t k, [[maybe_unused]] float alpha,
-                      [[maybe_unused]] const bfloat16* a, [[maybe_unused]] std::int64_t lda,
-                      [[maybe_unused]] const bfloat16* b, [[maybe_unused]] std::int64_t ldb,
-                      [[maybe_unused]] C* c, [[maybe_unused]] std::int64_t ldc,
-                      [[maybe_unused]] GemmLibrary library,
-                      [[maybe_unused]] const float* bias) {
+bool bfloat16_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
+                      std::int64_t ldb, C* c, std::int64_t ldc, GemmLibrary library,
+                      const float* bias) {
   if (m < 1 || n < 1 || k < 1) return false;
   if (library != GemmLibrary::onednn && m <= kThinRows &&
       bfloat16_thin(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library, bias)) {

@@ -38,15 +38,19 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    std::int64_t ldb, float beta, float* c, std::int64_t ldc,
                    GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
 
-// bfloat16 products on the CPU's bfloat16 instructions (AVX512-BF16 dot products, AMX-BF16
-// tiles) through oneDNN, which picks them at run time: C = alpha * op(A) * op(B) (+ bias, n
-// float32 values), A and B bfloat16, each product exact in float32 and summed in float32, C
-// rounded once to bfloat16 (to nearest even). Split over the kernel threads by the rules of
-// sgemm (blocks of rows, or of columns for a wide C), each block one oneDNN call on its thread.
+// bfloat16 products without converting the operands first: C = alpha * op(A) * op(B) (+ bias,
+// n float32 values), A and B bfloat16, each product exact in float32 and summed in float32, C
+// rounded once to bfloat16 (to nearest even).
+// - On the CPU's bfloat16 instructions (AVX512-BF16 dot products, AMX-BF16 tiles) through
+//   oneDNN, which picks them at run time (bfloat16_gemm_native()): split over the kernel
+//   threads by the rules of sgemm (blocks of rows, or of columns for a wide C), each block one
+//   oneDNN call on its thread.
+// - Products of at most 4 rows, on kernel variants with FMA vectors, whatever the CPU: sgemm's
+//   thin float32 lanes reading the bfloat16 weight in place (the bits of the float32 product of
+//   the converted operands).
 // false, nothing written, where the caller should convert to float32 and call sgemm instead:
-// bfloat16_gemm_native() is false, an empty product, alpha other than 1 with a bias, and
-// (unless `library` is onednn: one call on the calling thread whatever the size) a product of
-// at most 4 rows or under ~32k multiply-adds.
+// neither applies, an empty product, alpha other than 1 with a bias, or (unless `library` is
+// onednn: one call on the calling thread whatever the size) under ~32k multiply-adds.
 bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                    std::int64_t ldb, bfloat16* c, std::int64_t ldc,

@@ -1,7 +1,7 @@
 // Matmul and attention CPU kernels. float32 goes straight to sgemm; bfloat16 goes to
-// bfloat16_gemm where the CPU has bfloat16 instructions; otherwise (and float16) operands are
-// converted to float32 in per-thread scratch buffers, multiplied, and rounded once on the way
-// out.
+// bfloat16_gemm (the CPU's bfloat16 instructions, or the weight read in place by thin
+// products); otherwise (and float16) operands are converted to float32 in per-thread scratch
+// buffers, multiplied, and rounded once on the way out.
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/kernels_internal.hpp"
@@ -54,7 +54,7 @@ void matmul_kernel(const std::byte* raw) {
                 offsets);
     T* out = static_cast<T*>(p.out) + batch * mn;
     if constexpr (std::is_same_v<T, bfloat16>) {
-      // On the CPU's bfloat16 instructions where it has them (same float32 sums, one rounding).
+      // Without converting the operands where bfloat16_gemm can (float32 sums, one rounding).
       if (bfloat16_gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
                         static_cast<const T*>(p.a) + offsets[0], p.trans_a ? p.m : p.k,
                         static_cast<const T*>(p.b) + offsets[1], p.trans_b ? p.k : p.n, out, p.n,
