@@ -224,7 +224,7 @@ void attention_kernel(const std::byte* raw) {
           if (native) {
             thread_local std::vector<bfloat16> weights, v_copy;
             weights.resize(static_cast<std::size_t>(rows * cols));
-            for (std::int64_t i = 0; i < rows * cols; ++i) weights[i] = bfloat16::from_float(s[i]);
+            narrow_block(s, weights.data(), rows * cols);
             std::int64_t ldv_in = 0;
             const bfloat16* vr = bfloat16_rows(v_in, cols, p.dv, p.v_strides[2], v_copy, ldv_in);
             (void)bfloat16_gemm(false, false, rows, p.dv, cols, 1.0f, weights.data(), cols, vr,
