@@ -270,10 +270,10 @@ Row measure(const models::NamedDiTConfig& size, DType dtype, int threads, const 
     }
     row.floor_max_rel_diff = worst;
   } else {
-    // The float32 model of the same seed (the same weights before rounding), one eager step.
+    // The float32 model of the same seed (the same weights before rounding), one eager step
+    // (the step's inputs are float32 values whatever the model's dtype).
     const models::DiT reference(size.config, *device);
-    const StepInputs reference_in = step_inputs(reference, steps);
-    const DeviceStep reference_step(reference, reference_in, *device);
+    const DeviceStep reference_step(reference, in, *device);
     const std::vector<float> want =
         reference_step(Tensor::from_vector<float>(start, shape, DType::float32).to_device(*device))
             .to_vector<float>();
@@ -345,6 +345,12 @@ Row measure(const models::NamedDiTConfig& size, DType dtype, int threads, const 
 }
 
 const char* short_dtype(DType dtype) { return dtype == DType::bfloat16 ? "bf16" : "f32"; }
+
+// The linears' rate over the float32 FMA peak of the cell's threads, where both are known.
+std::optional<double> linear_over_peak(const Row& r, const std::optional<FmaPeak>& peak) {
+  if (!peak || !r.linear_gflops) return std::nullopt;
+  return *r.linear_gflops / (peak->gflops * r.threads);
+}
 
 void write_plot(const std::string& path, const std::vector<Row>& rows, bool multi_isa) {
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
@@ -512,9 +518,7 @@ nlohmann::json row_json(const Row& r, int load, const std::string& default_isa,
   row["linear_gflops"] = optional(r.linear_gflops);
   row["fma_peak_gflops_per_thread"] = peak ? nlohmann::json(peak->gflops) : nlohmann::json(nullptr);
   row["fma_peak_isa"] = peak ? nlohmann::json(peak->isa) : nlohmann::json(nullptr);
-  row["linear_over_fma_peak"] =
-      peak && r.linear_gflops ? nlohmann::json(*r.linear_gflops / (peak->gflops * r.threads))
-                              : nlohmann::json(nullptr);
+  row["linear_over_fma_peak"] = optional(linear_over_peak(r, peak));
   if (r.dtype == DType::bfloat16) {
     row["float32_relative_difference"] = optional(r.float32_rel_error);
     row["float32_tolerance"] = kBFloat16Tolerance;
@@ -639,35 +643,35 @@ int run_dit_bench(const BenchOptions& options) {
   for (const std::string& name : options.sizes) {
     const models::NamedDiTConfig& size = find_size(name);
     for (const std::string& isa : variants) {
-     for (const std::string& dtype_name : options.dtypes) {
-      const DType dtype = dtype_name == "bfloat16" ? DType::bfloat16 : DType::float32;
-      for (int threads : {1, 2}) {
-        cpu::set_kernel_thread_limit(threads);
-        if (cpu::kernel_threads() < threads) {
-          // A process bound to fewer CPUs (taskset, a cpuset, mpirun) has fewer kernel threads.
-          std::printf("%-4s %7d %-7s skipped: this process may run on %d CPU(s) only\n",
-                      name.c_str(), threads, (isa.empty() ? default_isa : isa).c_str(),
-                      cpu::kernel_threads());
-          continue;
-        }
-        Row r = measure(size, dtype, threads, isa, repeats, steps, options.load);
-        if (with_torch && dtype == DType::float32) {
-          // libtorch does not depend on our kernel variant: timed once per size and threads.
-          const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
-            return other.size == r.size && other.threads == r.threads && other.libtorch_ms;
-          });
-          if (same == rows.end()) {
-            measure_libtorch(r, repeats, steps, options.load);
-          } else {
-            r.libtorch_ms = same->libtorch_ms;
-            r.libtorch_rel_error = same->libtorch_rel_error;
-            r.libtorch_loaded_ms = same->libtorch_loaded_ms;
+      for (const std::string& dtype_name : options.dtypes) {
+        const DType dtype = dtype_name == "bfloat16" ? DType::bfloat16 : DType::float32;
+        for (int threads : {1, 2}) {
+          cpu::set_kernel_thread_limit(threads);
+          if (cpu::kernel_threads() < threads) {
+            // A process bound to fewer CPUs (taskset, a cpuset, mpirun) has fewer kernel threads.
+            std::printf("%-4s %5s %7d %-7s skipped: this process may run on %d CPU(s) only\n",
+                        name.c_str(), short_dtype(dtype), threads,
+                        (isa.empty() ? default_isa : isa).c_str(), cpu::kernel_threads());
+            continue;
           }
+          Row r = measure(size, dtype, threads, isa, repeats, steps, options.load);
+          if (with_torch && dtype == DType::float32) {
+            // libtorch does not depend on our kernel variant: timed once per size and threads.
+            const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
+              return other.size == r.size && other.threads == r.threads && other.libtorch_ms;
+            });
+            if (same == rows.end()) {
+              measure_libtorch(r, repeats, steps, options.load);
+            } else {
+              r.libtorch_ms = same->libtorch_ms;
+              r.libtorch_rel_error = same->libtorch_rel_error;
+              r.libtorch_loaded_ms = same->libtorch_loaded_ms;
+            }
+          }
+          rows.push_back(r);
+          print_row(r);
         }
-        rows.push_back(r);
-        print_row(r);
       }
-     }
     }
   }
   bool bfloat16_mismatch = false;
@@ -731,8 +735,8 @@ int run_dit_bench(const BenchOptions& options) {
                   short_dtype(r.dtype), r.threads, r.isa.c_str(), *r.linear_ms, *r.linear_gflops,
                   peak ? fmt::format(" ({:.0f}% of the float32 FMA peak of {} thread(s), "
                                      "{:.1f} GFLOP/s each with {} FMAs)",
-                                     100.0 * *r.linear_gflops / (peak->gflops * r.threads),
-                                     r.threads, peak->gflops, peak->isa)
+                                     100.0 * *linear_over_peak(r, peak), r.threads, peak->gflops,
+                                     peak->isa)
                              .c_str()
                        : "");
     }

@@ -290,18 +290,27 @@ void narrow_block(const float* in, T* out, std::int64_t n) {
   for (; i < n; ++i) out[i] = T::from_float(in[i]);
 }
 
+// out[0, n) from a (and b, when not null) block by block: each block widened into x (and y),
+// float_loop(x, y, m) leaves its m results in x, which are rounded into out.
+template <class T, class FloatLoop>
+void in_float_blocks(const T* a, const T* b, T* out, std::int64_t n, FloatLoop&& float_loop) {
+  float x[kHalfBlock], y[kHalfBlock];
+  for (std::int64_t i = 0; i < n; i += kHalfBlock) {
+    const std::int64_t m = std::min(kHalfBlock, n - i);
+    widen_block(a + i, x, m);
+    if (b != nullptr) widen_block(b + i, y, m);
+    float_loop(x, y, m);
+    narrow_block(x, out + i, m);
+  }
+}
+
 template <BinaryOp op, class T>
 void binary_loop(const T* a, const T* b, T* out, std::int64_t n) {
   using E = Elem<T>;
   if constexpr (kIsHalf<T>) {
-    float x[kHalfBlock], y[kHalfBlock];
-    for (std::int64_t i = 0; i < n; i += kHalfBlock) {
-      const std::int64_t m = std::min(kHalfBlock, n - i);
-      widen_block(a + i, x, m);
-      widen_block(b + i, y, m);
+    in_float_blocks(a, b, out, n, [](float* x, const float* y, std::int64_t m) {
       binary_loop<op, float>(x, y, x, m);
-      narrow_block(x, out + i, m);
-    }
+    });
   } else {
     for (std::int64_t i = 0; i < n; ++i)
       E::store(out, i, apply_binary<op>(E::load(a, i), E::load(b, i)));
@@ -312,13 +321,10 @@ template <BinaryOp op, class T>
 void binary_scalar_loop(const T* a, T* out, std::int64_t n, typename Elem<T>::compute s) {
   using E = Elem<T>;
   if constexpr (kIsHalf<T>) {
-    float x[kHalfBlock];
-    for (std::int64_t i = 0; i < n; i += kHalfBlock) {
-      const std::int64_t m = std::min(kHalfBlock, n - i);
-      widen_block(a + i, x, m);
-      binary_scalar_loop<op, float>(x, x, m, s);
-      narrow_block(x, out + i, m);
-    }
+    in_float_blocks(a, static_cast<const T*>(nullptr), out, n,
+                    [s](float* x, const float*, std::int64_t m) {
+                      binary_scalar_loop<op, float>(x, x, m, s);
+                    });
   } else {
     for (std::int64_t i = 0; i < n; ++i) E::store(out, i, apply_binary<op>(E::load(a, i), s));
   }
@@ -350,14 +356,9 @@ template <UnaryOp op>
 template <UnaryOp op, class T>
 void unary_loop(const T* a, T* out, std::int64_t n) {
   using E = Elem<T>;
-  if constexpr (kIsHalf<T> && std::is_same_v<typename E::compute, float>) {
-    float x[kHalfBlock];
-    for (std::int64_t i = 0; i < n; i += kHalfBlock) {
-      const std::int64_t m = std::min(kHalfBlock, n - i);
-      widen_block(a + i, x, m);
-      unary_loop<op, float>(x, x, m);
-      narrow_block(x, out + i, m);
-    }
+  if constexpr (kIsHalf<T>) {
+    in_float_blocks(a, static_cast<const T*>(nullptr), out, n,
+                    [](float* x, const float*, std::int64_t m) { unary_loop<op, float>(x, x, m); });
     return;
   }
   std::int64_t i = 0;

@@ -1,4 +1,5 @@
 #include "cpu/gemm.hpp"
+#include "cpu/elementwise.hpp"
 #include "cpu/parallel.hpp"
 #include "retrace/error.hpp"
 
@@ -447,6 +448,11 @@ void thin_row_columns(std::int64_t n, std::int64_t k, float alpha, const float* 
 // whole one does.
 // B may be bfloat16 (widened in registers: the bits of a float32 B of the same values).
 constexpr std::int64_t kThinRows = 4;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+constexpr bool kThinLanes = true;  // this kernel variant has thin_gemm's vector lanes
+#else
+constexpr bool kThinLanes = false;
+#endif
 template <class B>
 bool thin_gemm([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
                [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
@@ -560,14 +566,10 @@ void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 // weight first. Columns split over the kernel threads as sgemm splits a thin float32 product.
 // false (nothing written) on kernel variants without thin_gemm.
 template <class C>
-bool bfloat16_thin([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
-                   [[maybe_unused]] std::int64_t m, [[maybe_unused]] std::int64_t n,
-                   [[maybe_unused]] std::int64_t k, [[maybe_unused]] float alpha,
-                   [[maybe_unused]] const bfloat16* a, [[maybe_unused]] std::int64_t lda,
-                   [[maybe_unused]] const bfloat16* b, [[maybe_unused]] std::int64_t ldb,
-                   [[maybe_unused]] C* c, [[maybe_unused]] std::int64_t ldc,
-                   [[maybe_unused]] GemmLibrary library, [[maybe_unused]] const float* bias) {
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+bool bfloat16_thin(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                   const bfloat16* a, std::int64_t lda, const bfloat16* b, std::int64_t ldb, C* c,
+                   std::int64_t ldc, GemmLibrary library, const float* bias) {
+  if constexpr (!kThinLanes) return false;
   constexpr bool kFloatOut = std::is_same_v<C, float>;
   thread_local std::vector<float> rows, wide_c;
   rows.resize(static_cast<std::size_t>(m * k));
@@ -592,16 +594,9 @@ bool bfloat16_thin([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
     columns(0, n);
   }
   if constexpr (!kFloatOut) {
-    for (std::int64_t r = 0; r < m; ++r) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        c[r * ldc + j] = bfloat16::from_float(wide_c[r * n + j]);
-      }
-    }
+    for (std::int64_t r = 0; r < m; ++r) narrow_block(wide_c.data() + r * n, c + r * ldc, n);
   }
   return true;
-#else
-  return false;
-#endif
 }
 
 #if RETRACE_HAVE_ONEDNN
@@ -609,9 +604,7 @@ bool bfloat16_thin([[maybe_unused]] bool ta, [[maybe_unused]] bool tb,
 void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                 std::vector<float>& out) {
   out.resize(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = data[r * ld + j].to_float();
-  }
+  for (std::int64_t r = 0; r < rows; ++r) widen_block(data + r * ld, out.data() + r * cols, cols);
 }
 
 // One block of a bfloat16 product on the calling thread: one oneDNN call, or where oneDNN
@@ -637,11 +630,7 @@ void bfloat16_block(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64
     wide_c.resize(static_cast<std::size_t>(m * n));
     sgemm_strided(ta, tb, m, n, k, alpha, wide_a.data(), ta ? m : k, wide_b.data(), tb ? k : n,
                   0.0f, wide_c.data(), n, GemmLibrary::this_thread, bias);
-    for (std::int64_t r = 0; r < m; ++r) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        c[r * ldc + j] = bfloat16::from_float(wide_c[r * n + j]);
-      }
-    }
+    for (std::int64_t r = 0; r < m; ++r) narrow_block(wide_c.data() + r * n, c + r * ldc, n);
   }
 }
 #endif

@@ -26,7 +26,7 @@ const float* as_float(const T* data, std::int64_t n, int slot) {
     float* out = thread_scratch(slot, n);
     // Split over the kernel threads when called outside a parallel loop (a matmul's operands).
     parallel_for(n, std::int64_t{1} << 15, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) out[i] = Elem<T>::load(data, i);
+      widen_block(data + begin, out + begin, end - begin);
     });
     return out;
   }
@@ -35,7 +35,7 @@ const float* as_float(const T* data, std::int64_t n, int slot) {
 template <class T>
 void store_from_float(const float* src, T* dst, std::int64_t n) {
   parallel_for(n, std::int64_t{1} << 15, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) Elem<T>::store(dst, i, src[i]);
+    narrow_block(src + begin, dst + begin, end - begin);
   });
 }
 
@@ -92,7 +92,11 @@ const float* rows_as_float(const T* data, std::int64_t rows, std::int64_t cols, 
   }
   float* out = thread_scratch(slot, rows * cols);
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = Elem<T>::load(data, r * ld + c);
+    if constexpr (std::is_same_v<T, float>) {
+      std::copy(data + r * ld, data + r * ld + cols, out + r * cols);
+    } else {
+      widen_block(data + r * ld, out + r * cols, cols);
+    }
   }
   return out;
 }
@@ -219,7 +223,6 @@ void attention_kernel(const std::byte* raw) {
         }
       } else {
         float* o = thread_scratch(3, rows * p.dv);
-        bool done = false;
         if constexpr (std::is_same_v<T, bfloat16>) {
           if (native) {
             thread_local std::vector<bfloat16> weights, v_copy;
@@ -229,10 +232,9 @@ void attention_kernel(const std::byte* raw) {
             const bfloat16* vr = bfloat16_rows(v_in, cols, p.dv, p.v_strides[2], v_copy, ldv_in);
             (void)bfloat16_gemm(false, false, rows, p.dv, cols, 1.0f, weights.data(), cols, vr,
                                 ldv_in, o, p.dv, GemmLibrary::onednn);
-            done = true;
           }
         }
-        if (!done) {
+        if (!native) {
           sgemm_strided(false, false, rows, p.dv, cols, 1.0f, s, cols, v, ldv, 0.0f, o, p.dv,
                         GemmLibrary::this_thread);
         }
