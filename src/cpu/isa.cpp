@@ -165,18 +165,17 @@ std::string unsupported_reason(std::string_view variant, const CpuInfo& cpu) {
 }
 
 std::string_view preferred_variant(const CpuInfo& cpu) {
-  // Measured preferences (DiT step, `retrace bench`), by vendor:
-  //  - AMD: the AVX-512 build ran 2-4x slower than the AVX2 build on an AMD EPYC (family 19h)
-  //    guest, so AMD CPUs get AVX2 even when they report AVX-512.
-  //  - Intel: the AVX-512 build ran about 10 % faster than AVX2 on a Xeon (L: 351 -> 313 ms on
-  //    one thread, 190 -> 172 ms on two).
-  //  - Anything else: the widest variant the CPU runs.
-  const bool amd = cpu.vendor == "AuthenticAMD" || cpu.vendor == "HygonGenuine";
+  // The widest variant the CPU runs, on every vendor. Measured on the DiT step (`retrace bench
+  // --isa avx2,avx512`):
+  //  - Intel Xeon: AVX-512 about 10 % faster than AVX2 (L: 351 -> 313 ms on one thread, 190 ->
+  //    172 ms on two).
+  //  - AMD EPYC (Zen 4): AVX-512 took 0.84-0.98x AVX2's time at M and L (float32 and
+  //    bfloat16, 1 and 2 threads) and 0.96-0.97x on the VAE decode; its exp (vscalefps) makes
+  //    gelu_tanh 2x faster. The first AVX-512 kernels had measured 2-4x slower than AVX2 there,
+  //    before the products went to oneDNN; without oneDNN AVX-512 is now no slower either.
   std::string_view best;
   for (const VariantInfo& v : kBuilt) {
-    if (!unsupported_reason(v.name, cpu).empty()) continue;
-    if (amd && v.name == "avx512" && !best.empty()) continue;
-    best = v.name;
+    if (unsupported_reason(v.name, cpu).empty()) best = v.name;
   }
   return best.empty() ? kBuilt[0].name : best;
 }
