@@ -14,7 +14,8 @@
 namespace retrace::cpu {
 
 void CpuEventState::wait() const {
-  if (util::spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20))) return;
+  if (util::spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20)))
+    return;
   while (done_.load() == 0) done_.wait(0);
 }
 
@@ -110,6 +111,7 @@ std::uint64_t CpuQueue::push_locked(Item item) {
     return seq;
   }
   pending_.push_back(std::move(item));
+  submitter_cpu_.store(util::current_cpu(), std::memory_order_relaxed);
   pending_count_.fetch_add(1);
   work_cv_.notify_one();
   return seq;
@@ -170,8 +172,11 @@ void CpuQueue::finish_through(std::uint64_t seq) {
   wait_for(seq);
 }
 
+// Here and in pop: no spinning on the CPU of the thread waited for (it could not run meanwhile).
 void CpuQueue::wait_for(std::uint64_t seq) const {
-  if (util::spin_while_idle([&] { return completed_.load() >= seq; }, std::chrono::microseconds(spin_us_))) {
+  if (util::spin_while_idle([&] { return completed_.load() >= seq; },
+                            std::chrono::microseconds(spin_us_),
+                            [this] { return util::on_this_cpu(runner_cpu_); })) {
     return;
   }
   for (std::uint64_t done = completed_.load(); done < seq; done = completed_.load()) {
@@ -229,7 +234,9 @@ bool CpuQueue::outside_thread_may_run(const Item& item) const noexcept {
 
 void CpuQueue::run_in_turn(const Item& item) {
   wait_for(item.seq - 1);
+  runner_cpu_.store(util::current_cpu(), std::memory_order_relaxed);
   run(item);
+  runner_cpu_.store(-1, std::memory_order_relaxed);
   completed_.store(item.seq);
   completed_.notify_all();
 }
@@ -260,10 +267,9 @@ void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) no
   const std::size_t ran = program.run(what, command_ns);
   if (ran == program.size()) return;
   try {
-    const std::string where =
-        program.trace
-            ? fmt::format("command {} of {} in trace {}", ran, program.size(), *program.trace)
-            : std::string("eager");
+    const std::string where = program.trace ? fmt::format("command {} of {} in trace {}", ran,
+                                                          program.size(), *program.trace)
+                                            : std::string("eager");
     // error_ is written only here, before failed_ is set, and read only once failed_ is seen.
     error_ = fmt::format("op '{}' failed on {} ({}): {}", program.ops[ran], label_, where, what);
   } catch (...) {
@@ -276,7 +282,8 @@ void CpuQueue::run_program(const Program& program, std::uint64_t* command_ns) no
 
 bool CpuQueue::pop(Item& item) {
   (void)util::spin_while_idle([this] { return pending_count_.load() > 0; },
-                        std::chrono::microseconds(spin_us_));
+                              std::chrono::microseconds(spin_us_),
+                              [this] { return util::on_this_cpu(submitter_cpu_); });
   std::unique_lock lock(mutex_);
   if (pending_.empty()) {
     work_cv_.wait(lock, [this] { return !pending_.empty() || stopping_; });

@@ -113,6 +113,11 @@ class CpuQueue {
   std::atomic<std::size_t> pending_count_{0};
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<bool> failed_{false};
+  // Where spinning is futile (util::spin_while_idle): the CPU of the thread that last handed an
+  // item over (the worker waits for the next from it), and of the thread running an item (-1
+  // between items; waiters for its completion).
+  std::atomic<int> submitter_cpu_{-1};
+  std::atomic<int> runner_cpu_{-1};
   std::thread worker_;
 };
 
