@@ -32,6 +32,16 @@ const float* as_float(const T* data, std::int64_t n, int slot) {
   }
 }
 
+// Loops over independent products (a batch of small ones, attention's (batch, head, block)
+// items) give each thread at least this many multiply-adds, as a product is split from about
+// this size: a smaller share costs more to hand to a helper (microseconds, tens of them when it
+// sleeps or, on a busy machine, waits for a core) than it saves. Which thread runs an item never
+// changes its bits.
+constexpr std::int64_t kMinSplitWork = std::int64_t{1} << 20;
+std::int64_t items_per_part(std::int64_t work_per_item) {
+  return std::max<std::int64_t>(1, kMinSplitWork / std::max<std::int64_t>(work_per_item, 1));
+}
+
 template <class T>
 void store_from_float(const float* src, T* dst, std::int64_t n) {
   parallel_for(n, std::int64_t{1} << 15, [&](std::int64_t begin, std::int64_t end) {
@@ -69,8 +79,9 @@ void matmul_kernel(const std::byte* raw) {
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
   };
   if (batches > 1 && gemm_choice(p.m, p.n, p.k) == GemmLibrary::this_thread) {
-    // Many small products: one per core, each single-threaded.
-    parallel_for(batches, 1, [&](std::int64_t begin, std::int64_t end) {
+    // Many small products: one per core, each single-threaded, at least kMinSplitWork each.
+    const std::int64_t per_part = items_per_part(p.m * p.n * p.k);
+    parallel_for(batches, per_part, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) one(i, GemmLibrary::this_thread);
     });
   } else {
@@ -148,7 +159,9 @@ void attention_kernel(const std::byte* raw) {
     native = bfloat16_gemm_native() && p.d > 0 && p.dv > 0 &&
              std::min(p.sq, kBlockRows) * p.sk * std::max(p.d, p.dv) >= (std::int64_t{1} << 15);
   }
-  parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+  const std::int64_t per_part = items_per_part(
+      std::min(kBlockRows, p.sq) * (p.causal ? std::min(p.sk, kBlockRows) : p.sk) * (p.d + p.dv));
+  parallel_for(p.batch * p.heads * blocks, per_part, [&](std::int64_t begin, std::int64_t end) {
     std::int64_t loaded_kv = -1;  // the key/value head whose rows k and v point at
     const float* k = nullptr;
     const float* v = nullptr;
