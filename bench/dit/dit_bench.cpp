@@ -468,18 +468,38 @@ std::string ratio(const std::optional<double>& loaded, const std::optional<doubl
   return loaded && unloaded ? fmt::format("{:.2f}x", *loaded / *unloaded) : "-";
 }
 
+// The one-thread row of r's size, dtype and kernel variant (null when not measured).
+const Row* one_thread_twin(const std::vector<Row>& rows, const Row& r) {
+  const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
+    return other.threads == 1 && other.dtype == r.dtype && other.size == r.size &&
+           other.isa == r.isa;
+  });
+  return it == rows.end() ? nullptr : &*it;
+}
+
+// r's traced step under load over its one-thread twin's under the same load (null for a
+// one-thread row).
+std::optional<double> loaded_over_one_thread(const std::vector<Row>& rows, const Row& r) {
+  const Row* one = r.threads > 1 ? one_thread_twin(rows, r) : nullptr;
+  if (one == nullptr || !one->traced_loaded_ms || !r.traced_loaded_ms) return std::nullopt;
+  return *r.traced_loaded_ms / *one->traced_loaded_ms;
+}
+
 void print_load_table(const std::vector<Row>& rows, int load) {
   std::printf("\nunder load: %d busy process(es) spinning on this process' CPUs; each mode's median "
               "step loaded / unloaded (p95: the traced step's 95th percentile loaded / its "
-              "unloaded median)\n",
+              "unloaded median; vs 1t: the traced step loaded over one thread's loaded)\n",
               load);
-  std::printf("%-4s %7s %-7s %10s %13s %9s %9s %9s %9s %9s\n", "size", "threads", "isa",
-              "traced_ms", "traced@load", "traced", "p95", "eager", "floor", "libtorch");
+  std::printf("%-4s %5s %7s %-7s %10s %13s %9s %9s %7s %9s %9s %9s\n", "size", "dtype", "threads",
+              "isa", "traced_ms", "traced@load", "traced", "p95", "vs 1t", "eager", "floor",
+              "libtorch");
   for (const Row& r : rows) {
-    std::printf("%-4s %7d %-7s %10.3f %13.3f %9s %9s %9s %9s %9s\n", r.size.c_str(), r.threads,
-                r.isa.c_str(), r.traced_ms, r.traced_loaded_ms.value_or(0.0),
-                ratio(r.traced_loaded_ms, r.traced_ms).c_str(),
+    const std::optional<double> vs_one = loaded_over_one_thread(rows, r);
+    std::printf("%-4s %5s %7d %-7s %10.3f %13.3f %9s %9s %7s %9s %9s %9s\n", r.size.c_str(),
+                short_dtype(r.dtype), r.threads, r.isa.c_str(), r.traced_ms,
+                r.traced_loaded_ms.value_or(0.0), ratio(r.traced_loaded_ms, r.traced_ms).c_str(),
                 ratio(r.traced_loaded_p95_ms, r.traced_ms).c_str(),
+                vs_one ? fmt::format("{:.2f}x", *vs_one).c_str() : "-",
                 ratio(r.eager_loaded_ms, r.eager_ms).c_str(),
                 ratio(r.floor_loaded_ms, r.floor_ms).c_str(),
                 ratio(r.libtorch_loaded_ms, r.libtorch_ms).c_str());
@@ -744,6 +764,11 @@ int run_dit_bench(const BenchOptions& options) {
   for (const Row& r : rows) {
     out.push_back(
         row_json(r, options.load, default_isa, how, float32_twin(rows, r), peaks[r.isa]));
+    if (options.load > 0) {
+      const std::optional<double> vs_one = loaded_over_one_thread(rows, r);
+      out.back()["traced_loaded_over_one_thread_loaded"] =
+          vs_one ? nlohmann::json(*vs_one) : nlohmann::json(nullptr);
+    }
     if (r.libtorch_rel_error && *r.libtorch_rel_error > 1e-4) {
       std::fprintf(stderr,
                    "retrace bench: size %s, %d threads: libtorch and retrace differ by a relative "
