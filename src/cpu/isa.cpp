@@ -170,8 +170,8 @@ std::string_view preferred_variant(const CpuInfo& cpu) {
   //  - Intel Xeon: AVX-512 about 10 % faster than AVX2 (L: 351 -> 313 ms on one thread, 190 ->
   //    172 ms on two).
   //  - AMD EPYC (Zen 4): AVX-512 took 0.84-0.98x AVX2's time at M and L (float32 and
-  //    bfloat16, 1 and 2 threads) and 0.96-0.97x on the VAE decode; its exp (vscalefps) makes
-  //    gelu_tanh 2x faster. The first AVX-512 kernels had measured 2-4x slower than AVX2 there,
+  //    bfloat16, 1 and 2 threads; one two-thread M cell of three runs measured 1.07-1.10x) and
+  //    0.96-0.97x on the VAE decode; its exp (vscalefps) makes gelu_tanh 2x faster. The first AVX-512 kernels had measured 2-4x slower than AVX2 there,
   //    before the products went to oneDNN; without oneDNN AVX-512 is now no slower either.
   std::string_view best;
   for (const VariantInfo& v : kBuilt) {
