@@ -14,8 +14,9 @@
 namespace retrace::cpu {
 
 void CpuEventState::wait() const {
-  if (util::spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20)))
+  if (util::spin_while_idle([this] { return done_.load() != 0; }, std::chrono::microseconds(20))) {
     return;
+  }
   while (done_.load() == 0) done_.wait(0);
 }
 

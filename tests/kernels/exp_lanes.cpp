@@ -61,10 +61,14 @@ extern "C" std::int64_t RETRACE_CPU_VARIANT_ENTRY(int op, std::uint32_t first, s
   if (op == 4) {  // narrow_block<bfloat16> (vectorised where the variant has AVX2) vs from_float
     std::int64_t differ = 0;
     std::uint32_t bits = first;
-    for (std::uint64_t done = 0; done < count; done += 64) {
+    // Blocks of 1 to 64 values in turn, so that each of the variant's paths (16 lanes at a
+    // time, the scalar tail) meets every kind of value.
+    for (std::uint64_t done = 0, block = 0; done < count; ++block) {
       float in[64];
       retrace::bfloat16 out[64];
-      const int n = static_cast<int>(count - done < 64 ? count - done : 64);
+      const std::uint64_t size = block % 64 + 1;
+      const int n = static_cast<int>(count - done < size ? count - done : size);
+      done += static_cast<std::uint64_t>(n);
       for (int l = 0; l < n; ++l, bits += step) std::memcpy(&in[l], &bits, sizeof bits);
       retrace::cpu::narrow_block(in, out, n);
       for (int l = 0; l < n; ++l) {
