@@ -441,13 +441,18 @@ bool libtorch_available() {
   return false;
 }
 
-// The bfloat16 cell's float32 twin (same size, threads and variant), if measured.
-const Row* float32_twin(const std::vector<Row>& rows, const Row& r) {
+// The row of r's size and kernel variant with this dtype and thread count, if measured.
+const Row* matching_row(const std::vector<Row>& rows, const Row& r, DType dtype, int threads) {
   const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
-    return other.dtype == DType::float32 && other.size == r.size && other.threads == r.threads &&
+    return other.dtype == dtype && other.threads == threads && other.size == r.size &&
            other.isa == r.isa;
   });
   return it == rows.end() ? nullptr : &*it;
+}
+
+// The bfloat16 cell's float32 twin (same size, threads and variant), if measured.
+const Row* float32_twin(const std::vector<Row>& rows, const Row& r) {
+  return matching_row(rows, r, DType::float32, r.threads);
 }
 
 void print_row(const Row& r) {
@@ -468,19 +473,10 @@ std::string ratio(const std::optional<double>& loaded, const std::optional<doubl
   return loaded && unloaded ? fmt::format("{:.2f}x", *loaded / *unloaded) : "-";
 }
 
-// The one-thread row of r's size, dtype and kernel variant (null when not measured).
-const Row* one_thread_twin(const std::vector<Row>& rows, const Row& r) {
-  const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& other) {
-    return other.threads == 1 && other.dtype == r.dtype && other.size == r.size &&
-           other.isa == r.isa;
-  });
-  return it == rows.end() ? nullptr : &*it;
-}
-
 // r's traced step under load over its one-thread twin's under the same load (null for a
 // one-thread row).
 std::optional<double> loaded_over_one_thread(const std::vector<Row>& rows, const Row& r) {
-  const Row* one = r.threads > 1 ? one_thread_twin(rows, r) : nullptr;
+  const Row* one = r.threads > 1 ? matching_row(rows, r, r.dtype, 1) : nullptr;
   if (one == nullptr || !one->traced_loaded_ms || !r.traced_loaded_ms) return std::nullopt;
   return *r.traced_loaded_ms / *one->traced_loaded_ms;
 }
