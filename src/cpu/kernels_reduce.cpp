@@ -142,20 +142,16 @@ void norm_kernel(const std::byte* raw) {
                    }
                  } else {
                    thread_local std::vector<float> row, weight, bias;
-                   const auto cols = static_cast<std::size_t>(p.cols);
-                   row.resize(cols);
-                   const float* wf = nullptr;
-                   const float* bf = nullptr;
-                   if (w != nullptr) {
-                     weight.resize(cols);
-                     widen_block(w, weight.data(), p.cols);
-                     wf = weight.data();
-                   }
-                   if (b != nullptr) {
-                     bias.resize(cols);
-                     widen_block(b, bias.data(), p.cols);
-                     bf = bias.data();
-                   }
+                   // A row of values as float32 in `to` (null for null).
+                   const auto widened = [&](const T* values, std::vector<float>& to) {
+                     if (values == nullptr) return static_cast<const float*>(nullptr);
+                     to.resize(static_cast<std::size_t>(p.cols));
+                     widen_block(values, to.data(), p.cols);
+                     return static_cast<const float*>(to.data());
+                   };
+                   row.resize(static_cast<std::size_t>(p.cols));
+                   const float* wf = widened(w, weight);
+                   const float* bf = widened(b, bias);
                    for (std::int64_t r = begin; r < end; ++r) {
                      widen_block(a + r * p.cols, row.data(), p.cols);
                      norm_row(row.data(), wf, bf, row.data(), p.cols, p.rms, p.eps);
