@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,5 +88,9 @@ struct CpuKernelIsa {
 // them; "float32" (operands converted, float32 products) elsewhere, or with RETRACE_NO_ONEDNN
 // or RETRACE_NO_BF16_GEMM set. "" if it is not a CPU device.
 [[nodiscard]] std::string cpu_bfloat16_products(Device& device);
+// Bytes of weights the device's kernels hold in oneDNN's layout (packed copies, made for a
+// weight that products read twice unchanged; see docs/devices.md), shared by every device of
+// the process that runs the same kernel variant. 0 if it is not a CPU device.
+[[nodiscard]] std::int64_t cpu_packed_weight_bytes(Device& device);
 
 }  // namespace retrace

@@ -49,6 +49,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -117,6 +118,24 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
     return replay_version_.load(std::memory_order_relaxed);
   }
 
+  // How often the buffer has been written, as far as the device knows: on the CPU device, each
+  // command that writes it (eager or replayed, counted as it runs), each Device::write into it,
+  // and each mark_written(). A backend that keeps data derived from the contents (the CPU
+  // device's packed copies of a weight) compares it with the count it derived them at.
+  [[nodiscard]] std::uint64_t write_count() const noexcept {
+    return writes_.load(std::memory_order_acquire);
+  }
+  // Host writes through data() are invisible to the device: call this after them (before the
+  // next command that reads the buffer), or replays may multiply by a packed copy of the
+  // weight as it was. Ops, Device::write and Tensor's host copies count by themselves.
+  void mark_written() const noexcept { writes_.fetch_add(1, std::memory_order_acq_rel); }
+
+  // Data a backend derives from the buffer's contents, under a key of its choosing, freed with
+  // the buffer (null when none). The backend checks write_count() itself.
+  [[nodiscard]] std::shared_ptr<void> derived(std::uint64_t key) const;
+  // Stores `value` under `key` unless one is there already; returns the stored one.
+  std::shared_ptr<void> add_derived(std::uint64_t key, std::shared_ptr<void> value) const;
+
  private:
   friend class Device;
   friend void detail::stamp_replay_version(Tensor& output, std::uint64_t version) noexcept;
@@ -129,6 +148,9 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   std::size_t size_;
   std::optional<TraceId> trace_;
   std::atomic<std::uint64_t> replay_version_{0};
+  mutable std::atomic<std::uint64_t> writes_{0};
+  mutable std::mutex derived_mutex_;
+  mutable std::vector<std::pair<std::uint64_t, std::shared_ptr<void>>> derived_;
 };
 
 // A point in a queue's work. Recorded with Device::record_event, waited on by another queue

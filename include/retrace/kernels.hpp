@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -185,6 +186,11 @@ struct MatmulParams {
   DType dtype;
   bool trans_a;
   bool trans_b;
+  // The buffer b lies in, where b is a whole operand read by every batch alike (a linear's
+  // weight) from a buffer no capture allocated (one that outlives every command using it):
+  // devices may keep a copy of it in their library's preferred layout while its write_count()
+  // stays the same. Null: b is read as it is on every call.
+  const Buffer* b_buffer;
 };
 
 // A 3x3 convolution with stride 1, no dilation and one group, by Winograd's F(4x4, 3x3): each
@@ -429,7 +435,23 @@ struct KernelLaunch {
   // Every buffer the kernel reads or writes. The device keeps them alive until the work has run
   // (and, for a trace, until the trace is released), so no queued work can see freed memory.
   std::span<Buffer* const> buffers;
+  // Which of `buffers` the kernel writes: bit i for buffers[i] (every buffer past the 64th
+  // counts as written). Devices count these writes (Buffer::write_count); a buffer marked
+  // written that the kernel only reads costs only a missed reuse of data derived from it (a
+  // packed weight), never a wrong result, so the default is all.
+  std::uint64_t written = ~std::uint64_t{0};
+
+  [[nodiscard]] bool writes(std::size_t i) const noexcept {
+    return i >= 64 || (written >> i & 1u) != 0;
+  }
 };
+
+// The `written` mask of a launch that writes only buffers[i] for each i given.
+[[nodiscard]] constexpr std::uint64_t writes_only(std::initializer_list<std::size_t> indices) noexcept {
+  std::uint64_t mask = 0;
+  for (std::size_t i : indices) mask |= std::uint64_t{1} << i;
+  return mask;
+}
 
 // The launch of the kernel that takes `Params` (the kernel follows from the params type).
 template <class Params>
@@ -438,6 +460,15 @@ template <class Params>
   static_assert(std::is_trivially_copyable_v<Params>, "kernel params must be trivially copyable");
   static_assert(sizeof(Params) <= kMaxKernelParamsBytes, "kernel params too large");
   return KernelLaunch{KernelOf<Params>::value, op, &params, sizeof(Params), buffers};
+}
+// The same, naming which buffers the kernel writes (see KernelLaunch::written).
+template <class Params>
+[[nodiscard]] KernelLaunch make_launch(const char* op, const Params& params,
+                                       std::span<Buffer* const> buffers,
+                                       std::uint64_t written) noexcept {
+  KernelLaunch launch = make_launch(op, params, buffers);
+  launch.written = written;
+  return launch;
 }
 
 }  // namespace retrace

@@ -121,6 +121,7 @@ class CpuBackend final : public Backend {
       // After the queue's earlier work, straight from the caller's memory: no staging copy
       // (loading weights costs their size once, not twice).
       synchronize(queue);
+      dst.mark_written();
       if (!src.empty()) std::memcpy(target, src.data(), src.size());
       return;
     }
@@ -129,8 +130,9 @@ class CpuBackend final : public Backend {
     if (!src.empty()) std::memcpy(staged.get(), src.data(), src.size());
     CopyParams params{staged.get(), target, static_cast<std::int64_t>(src.size())};
     Buffer* buffers[] = {const_cast<Buffer*>(&dst)};
+    const Buffer* marks[] = {&dst};
     program->append(kernels_.resolve(make_launch("write", params, buffers)), "write", &params,
-                    sizeof params);
+                    sizeof params, marks);
     program->retained.push_back(const_cast<Buffer&>(dst).shared_from_this());
     program->staging.push_back(std::move(staged));
     queue_at(queue).submit(std::move(program), blocking);
@@ -276,6 +278,11 @@ std::string cpu_kernel_isa(Device& device) {
 std::string cpu_bfloat16_products(Device& device) {
   const auto* backend = backend_of<cpu::CpuBackend>(device);
   return backend == nullptr ? std::string() : std::string(backend->kernels().bfloat16_gemm_path());
+}
+
+std::int64_t cpu_packed_weight_bytes(Device& device) {
+  const auto* backend = backend_of<cpu::CpuBackend>(device);
+  return backend == nullptr ? 0 : backend->kernels().packed_weight_bytes();
 }
 
 std::vector<std::unique_ptr<Device>> open_cpu_devices(std::size_t count,

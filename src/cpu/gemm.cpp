@@ -1,10 +1,15 @@
 #include "cpu/gemm.hpp"
 #include "cpu/elementwise.hpp"
 #include "cpu/parallel.hpp"
+#include "retrace/device.hpp"
 #include "retrace/error.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -76,6 +81,7 @@ struct OnednnKey {
   float alpha;
   bool bf16 = false;       // bfloat16 A and B (float32 bias and accumulation); else float32
   bool float_out = false;  // with bf16: C float32 (else bfloat16)
+  bool packed_b = false;   // B in the layout oneDNN prefers (a packed weight), not ldb rows
   bool operator==(const OnednnKey&) const = default;
 };
 struct OnednnKeyHash {
@@ -85,7 +91,8 @@ struct OnednnKeyHash {
       h = h * 1000003u ^ static_cast<std::size_t>(v);
     }
     return h * 31u + (key.ta ? 1u : 0u) + (key.tb ? 2u : 0u) + (key.accumulate ? 4u : 0u) +
-           (key.bias ? 8u : 0u) + (key.bf16 ? 16u : 0u) + (key.float_out ? 32u : 0u);
+           (key.bias ? 8u : 0u) + (key.bf16 ? 16u : 0u) + (key.float_out ? 32u : 0u) +
+           (key.packed_b ? 64u : 0u);
   }
 };
 struct OnednnGemm {
@@ -125,8 +132,10 @@ OnednnGemm make_onednn_gemm(const OnednnKey& key) {
   // Row-major operands with leading dimensions; a transposed operand is its strides swapped.
   const memory::desc a_desc({key.m, key.k}, operands,
                             key.ta ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
-  const memory::desc b_desc({key.k, key.n}, operands,
-                            key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+  const memory::desc b_desc =
+      key.packed_b ? memory::desc({key.k, key.n}, operands, memory::format_tag::any)
+                   : memory::desc({key.k, key.n}, operands,
+                                  key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
   const memory::desc c_desc({key.m, key.n}, key.float_out ? f32 : operands,
                             memory::dims{key.ldc, 1});
   const memory::desc bias_desc({1, key.n}, f32, memory::dims{key.n, 1});
@@ -143,8 +152,9 @@ OnednnGemm make_onednn_gemm(const OnednnKey& key) {
                : dnnl::matmul::desc(a_desc, b_desc, c_desc),
       attr, engine);
   return {dnnl::matmul(desc), memory(a_desc, engine, DNNL_MEMORY_NONE),
-          memory(b_desc, engine, DNNL_MEMORY_NONE), memory(c_desc, engine, DNNL_MEMORY_NONE),
-          memory(bias_desc, engine, DNNL_MEMORY_NONE), desc.scratchpad_desc()};
+          memory(desc.weights_desc(), engine, DNNL_MEMORY_NONE),
+          memory(c_desc, engine, DNNL_MEMORY_NONE), memory(bias_desc, engine, DNNL_MEMORY_NONE),
+          desc.scratchpad_desc()};
 }
 
 // Whether oneDNN runs its kernels for `isa` here. oneDNN's ISA values are sets of feature bits,
@@ -212,6 +222,173 @@ void run_onednn(OnednnGemm& g, const void* a, const void* b, void* c, const void
   omp_set_num_threads(previous_threads);
 }
 
+// --- packed weights ------------------------------------------------------------------------
+// oneDNN multiplies by a B stored as plain rows by first copying each block of it into its
+// kernels' layout, on every call and on every thread that takes rows of C. A B that comes from
+// a buffer outside any trace's pool (a linear's weight, MatmulParams::weight) is instead
+// copied into that layout once (a reorder) and the copy reused while the buffer's write count
+// stays the same: 3-8 % faster products at the DiT's shapes, more where two threads each took
+// half the rows. The copy belongs to the buffer (Buffer::add_derived), so it is freed with it
+// and can never be taken for another buffer made at the same address.
+//
+// - A copy is made at the second kernel call that sees the weight at one write count (the
+//   products of one call, a block of rows per thread, count once): an operand rewritten before
+//   every product (activations passed as B) never pays for a reorder.
+// - The call that makes it multiplies both ways and compares the bits; the copy is used only if
+//   they agree (they do: the same kernels, the same order of sums), so eager products and
+//   replays that use it give the same bits. A disagreement turns packing off for the weight.
+// - Packed copies take at most kPackedBudget bytes in the process; beyond, products read B as
+//   it is. RETRACE_NO_WEIGHT_PACKING=1 turns packing off (to compare).
+constexpr std::int64_t kPackedBudget = std::int64_t{2} << 30;
+std::atomic<std::int64_t> packed_bytes{0};
+
+bool packing_enabled() {
+  static const bool enabled = std::getenv("RETRACE_NO_WEIGHT_PACKING") == nullptr;
+  return enabled;
+}
+
+struct PackedWeight {
+  std::mutex mutex;
+  // Which product layout this is for (a hash collision of the key is caught here).
+  std::int64_t offset, k, n, ldb;
+  bool tb, bf16;
+  std::uint64_t writes = 0;  // the buffer's write count when `sightings` started
+  int sightings = 0;         // kernel calls at that count
+  std::uint64_t last_call = 0;
+  bool refused = false;      // packed and plain products disagreed
+  dnnl::memory packed;       // the copy (empty until made)
+  std::int64_t bytes = 0;
+
+  void drop() {
+    packed = dnnl::memory();
+    packed_bytes.fetch_sub(bytes);
+    bytes = 0;
+  }
+  ~PackedWeight() { drop(); }
+};
+
+// The entry of this kernel variant for B at `b` in `buffer`, or null where B is not a whole
+// region of the buffer.
+std::shared_ptr<PackedWeight> packed_entry(const Buffer& buffer, const void* b, std::int64_t k,
+                                           std::int64_t n, std::int64_t ldb, bool tb, bool bf16) {
+  const auto offset = static_cast<std::int64_t>(static_cast<const std::byte*>(b) -
+                                                static_cast<const std::byte*>(buffer.data()));
+  const std::int64_t elem = bf16 ? 2 : 4;
+  const std::int64_t extent = ((tb ? n : k) - 1) * ldb + (tb ? k : n);
+  if (offset < 0 || offset % elem != 0 ||
+      offset + extent * elem > static_cast<std::int64_t>(buffer.size())) {
+    return nullptr;
+  }
+  // One key space per kernel variant (each variant's objects are its own): the address of
+  // this variant's budget counter tells them apart.
+  std::uint64_t key = reinterpret_cast<std::uintptr_t>(&packed_bytes);
+  for (std::int64_t v : {offset, k, n, ldb, std::int64_t{tb} * 2 + std::int64_t{bf16}}) {
+    key = (key ^ static_cast<std::uint64_t>(v)) * 0x100000001b3u;
+  }
+  auto made = std::make_shared<PackedWeight>();
+  made->offset = offset;
+  made->k = k;
+  made->n = n;
+  made->ldb = ldb;
+  made->tb = tb;
+  made->bf16 = bf16;
+  auto entry = std::static_pointer_cast<PackedWeight>(buffer.add_derived(key, made));
+  if (entry->offset != offset || entry->k != k || entry->n != n || entry->ldb != ldb ||
+      entry->tb != tb || entry->bf16 != bf16) {
+    return nullptr;
+  }
+  return entry;
+}
+
+// B of `plain`'s product reordered into `g`'s layout (empty where the budget is spent).
+dnnl::memory pack_weight(const OnednnKey& plain, const OnednnGemm& g, const void* b) {
+  using dnnl::memory;
+  const memory::desc& packed_desc = g.b.get_desc();
+  const auto bytes = static_cast<std::int64_t>(packed_desc.get_size());
+  if (packed_bytes.fetch_add(bytes) + bytes > kPackedBudget) {
+    packed_bytes.fetch_sub(bytes);
+    return {};
+  }
+  const dnnl::engine& engine = onednn_engine();
+  const memory::desc b_desc({plain.k, plain.n},
+                            plain.bf16 ? memory::data_type::bf16 : memory::data_type::f32,
+                            plain.tb ? memory::dims{1, plain.ldb} : memory::dims{plain.ldb, 1});
+  memory source(b_desc, engine, const_cast<void*>(b));
+  memory packed(packed_desc, engine);
+  thread_local dnnl::stream stream(engine);
+  const int previous_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  dnnl::reorder(source, packed).execute(stream, source, packed);
+  omp_set_num_threads(previous_threads);
+  return packed;
+}
+
+// The product of `plain` (made by find_onednn) with B packed where `weight` allows (see
+// above): true when done here, false when the caller should run the plain product.
+bool packed_product(const OnednnKey& plain, const WeightSource* weight, const void* a,
+                    const void* b, void* c, const void* bias) {
+  if (weight == nullptr || plain.accumulate || !packing_enabled()) return false;
+  const Buffer& buffer = *weight->buffer;
+  const std::shared_ptr<PackedWeight> entry =
+      packed_entry(buffer, b, plain.k, plain.n, plain.ldb, plain.tb, plain.bf16);
+  if (entry == nullptr) return false;
+  OnednnKey packed_key = plain;
+  packed_key.packed_b = true;
+  OnednnGemm* g = find_onednn(packed_key);
+  if (g == nullptr) return false;
+  std::unique_lock lock(entry->mutex);
+  if (entry->refused) return false;
+  const std::uint64_t writes = buffer.write_count();
+  if (entry->writes != writes) {
+    entry->drop();
+    entry->writes = writes;
+    entry->sightings = 0;
+  }
+  if (entry->packed && entry->packed.get_desc() == g->b.get_desc()) {
+    const dnnl::memory packed = entry->packed;
+    lock.unlock();
+    run_onednn(*g, a, packed.get_data_handle(), c, bias);
+    return true;
+  }
+  if (entry->last_call != weight->call) {
+    entry->last_call = weight->call;
+    ++entry->sightings;
+  }
+  if (entry->sightings < 2) return false;
+  // The second call at this count: the plain product, then the packed one into scratch, and
+  // the copy kept if their bits agree.
+  OnednnGemm* plain_g = find_onednn(plain);
+  if (plain_g == nullptr) return false;
+  dnnl::memory packed = pack_weight(plain, *g, b);
+  run_onednn(*plain_g, a, b, c, bias);
+  if (!packed) return true;
+  const std::size_t elem = plain.bf16 && !plain.float_out ? 2 : 4;
+  const auto row_bytes = static_cast<std::size_t>(plain.n) * elem;
+  thread_local std::vector<std::byte> check;
+  check.resize(static_cast<std::size_t>(plain.m) * row_bytes);
+  OnednnKey dense_key = packed_key;
+  dense_key.ldc = plain.n;
+  OnednnGemm* check_g = find_onednn(dense_key);
+  bool same = check_g != nullptr;
+  if (same) {
+    run_onednn(*check_g, a, packed.get_data_handle(), check.data(), bias);
+    for (std::int64_t r = 0; r < plain.m && same; ++r) {
+      same = std::memcmp(static_cast<const std::byte*>(c) + r * plain.ldc * elem,
+                         check.data() + r * row_bytes, row_bytes) == 0;
+    }
+  }
+  const auto bytes = static_cast<std::int64_t>(packed.get_desc().get_size());
+  if (!same || buffer.write_count() != writes) {
+    packed_bytes.fetch_sub(bytes);
+    entry->refused = entry->refused || !same;
+    return true;
+  }
+  entry->drop();
+  entry->packed = packed;
+  entry->bytes = bytes;
+  return true;
+}
+
 // C = alpha op(A) op(B) + beta C (+ bias, one value per column, when given; beta is then 0)
 // through oneDNN on the calling thread; false (nothing written) when oneDNN refuses the product
 // (it then goes to another library). With alpha 1 the bias is the matmul's bias argument, added
@@ -219,7 +396,7 @@ void run_onednn(OnednnGemm& g, const void* a, const void* b, void* c, const void
 // comes first) C starts as the bias rows and the product is added.
 bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                 float* c, std::int64_t ldc, const float* bias) {
+                 float* c, std::int64_t ldc, const float* bias, const WeightSource* weight = nullptr) {
   const bool fused = bias != nullptr && alpha == 1.0f;
   const bool accumulate = beta != 0.0f || (bias != nullptr && !fused);
   const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, fused, alpha};
@@ -233,6 +410,7 @@ bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
       for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] *= beta;
     }
   }
+  if (packed_product(key, weight, a, b, c, fused ? bias : nullptr)) return true;
   run_onednn(*g, a, b, c, fused ? bias : nullptr);
   return true;
 }
@@ -512,9 +690,10 @@ bool preferred_onednn_gemm([[maybe_unused]] GemmArgs... args) {
 // else OpenBLAS held to one thread.
 void block_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                float* c, std::int64_t ldc, const float* bias) {
+                float* c, std::int64_t ldc, const float* bias, const WeightSource* weight) {
   if (thin_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) return;
-  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) {
+  if (!preferred_onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias,
+                             weight)) {
     openblas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb,
                   start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
   }
@@ -550,13 +729,13 @@ void split_product(bool ta, bool tb, std::int64_t m, std::int64_t n, const T* a,
 
 void split_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                float* c, std::int64_t ldc, const float* bias) {
+                float* c, std::int64_t ldc, const float* bias, const WeightSource* weight) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   split_product(ta, tb, m, n, a, lda, b, ldb, c, ldc, bias,
                 [&](std::int64_t rows, std::int64_t cols, const float* a_block,
                     const float* b_block, float* c_block, const float* bias_block) {
                   block_gemm(ta, tb, rows, cols, k, alpha, a_block, lda, b_block, ldb, beta,
-                             c_block, ldc, bias_block);
+                             c_block, ldc, bias_block, weight);
                 });
 }
 
@@ -612,11 +791,13 @@ void widen_rows(const bfloat16* data, std::int64_t rows, std::int64_t cols, std:
 template <class C>
 void bfloat16_block(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
                     float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
-                    std::int64_t ldb, C* c, std::int64_t ldc, const float* bias) {
+                    std::int64_t ldb, C* c, std::int64_t ldc, const float* bias,
+                    const WeightSource* weight) {
   constexpr bool kFloatOut = std::is_same_v<C, float>;
   const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, /*accumulate=*/false,
                       /*bias=*/bias != nullptr, alpha, /*bf16=*/true, kFloatOut};
   if (OnednnGemm* g = find_onednn(key)) {
+    if (packed_product(key, weight, a, b, c, bias)) return;
     run_onednn(*g, a, b, c, bias);
     return;
   }
@@ -647,14 +828,14 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const float* a, std::int64_t lda, const float* b,
                    std::int64_t ldb, float beta, float* c, std::int64_t ldc, GemmLibrary library,
-                   const float* bias) {
+                   const float* bias, const WeightSource* weight) {
   RETRACE_ASSERT(bias == nullptr || beta == 0.0f, "sgemm: a bias with beta {}", beta);
   // A device whose kernels keep to one thread: the calling thread at every size (OpenBLAS
   // would hand the product to its own threads, which concurrent callers contend for).
   if (library == GemmLibrary::automatic) {
     library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
     if (library == GemmLibrary::automatic) {
-      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+      split_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, weight);
       return;
     }
   }
@@ -666,7 +847,7 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
       // Below ~32k multiply-adds Eigen's inlined product beats a library call.
       if (m * n * k >= (std::int64_t{1} << 15) &&
           preferred_onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                bias)) {
+                                bias, weight)) {
         return;
       }
       [[fallthrough]];
@@ -676,7 +857,8 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
       return;
     case GemmLibrary::onednn:
 #if RETRACE_HAVE_ONEDNN
-      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) {
+      if (onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias,
+                      weight)) {
         return;
       }
 #endif
@@ -688,6 +870,14 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   // OpenBLAS as the process has it configured (its own threads): what benchmarks compare with.
   openblas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
                 start_from_bias(bias, m, n, c, ldc, beta), c, ldc);
+}
+
+std::int64_t packed_weight_bytes() noexcept {
+#if RETRACE_HAVE_ONEDNN
+  return packed_bytes.load();
+#else
+  return 0;
+#endif
 }
 
 bool bfloat16_gemm_native() noexcept {
@@ -715,7 +905,7 @@ template <class C>
 bool bfloat16_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                       std::int64_t ldb, C* c, std::int64_t ldc, GemmLibrary library,
-                      const float* bias) {
+                      const float* bias, const WeightSource* weight) {
   if (m < 1 || n < 1 || k < 1) return false;
   if (library != GemmLibrary::onednn && m <= kThinRows &&
       bfloat16_thin(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library, bias)) {
@@ -724,7 +914,7 @@ bool bfloat16_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 #if RETRACE_HAVE_ONEDNN
   if (!bfloat16_gemm_native() || (bias != nullptr && alpha != 1.0f)) return false;
   if (library == GemmLibrary::onednn) {  // whatever the size, on the calling thread
-    bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias);
+    bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias, weight);
     return true;
   }
   if (m <= kThinRows || m * n * k < (std::int64_t{1} << 15)) return false;
@@ -732,14 +922,14 @@ bool bfloat16_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
     library = serial_kernels() ? GemmLibrary::this_thread : gemm_choice(m, n, k);
   }
   if (library != GemmLibrary::automatic) {
-    bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias);
+    bfloat16_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, bias, weight);
     return true;
   }
   split_product(trans_a, trans_b, m, n, a, lda, b, ldb, c, ldc, bias,
                 [&](std::int64_t rows, std::int64_t cols, const bfloat16* a_block,
                     const bfloat16* b_block, C* c_block, const float* bias_block) {
                   bfloat16_block(trans_a, trans_b, rows, cols, k, alpha, a_block, lda, b_block,
-                                 ldb, c_block, ldc, bias_block);
+                                 ldb, c_block, ldc, bias_block, weight);
                 });
   return true;
 #else
@@ -751,17 +941,17 @@ bool bfloat16_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                    std::int64_t ldb, bfloat16* c, std::int64_t ldc, GemmLibrary library,
-                   const float* bias) {
+                   const float* bias, const WeightSource* weight) {
   return bfloat16_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library,
-                          bias);
+                          bias, weight);
 }
 
 bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                    std::int64_t ldb, float* c, std::int64_t ldc, GemmLibrary library,
-                   const float* bias) {
+                   const float* bias, const WeightSource* weight) {
   return bfloat16_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, library,
-                          bias);
+                          bias, weight);
 }
 
 }  // namespace retrace::cpu

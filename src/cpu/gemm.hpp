@@ -12,7 +12,20 @@
 
 #include <cstdint>
 
+namespace retrace {
+class Buffer;
+}
+
 namespace retrace::cpu {
+
+// Where a product's B comes from when it is a whole operand of a kernel call read alike by all
+// its products (a linear's weight; MatmulParams::b_buffer): its buffer, and a number that tells
+// one kernel call from the next (the products of one call count as one use of the weight). A
+// product given one may multiply by a packed copy of B (see gemm.cpp).
+struct WeightSource {
+  const Buffer* buffer;
+  std::uint64_t call;
+};
 
 // automatic: by shape (see above). this_thread: the faster single-threaded library on the calling
 // thread (for callers already inside a parallel loop). eigen: Eigen on the calling thread.
@@ -36,7 +49,8 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const float* a, std::int64_t lda, const float* b,
                    std::int64_t ldb, float beta, float* c, std::int64_t ldc,
-                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr,
+                   const WeightSource* weight = nullptr);
 
 // bfloat16 products without converting the operands first: C = alpha * op(A) * op(B) (+ bias,
 // n float32 values), A and B bfloat16, each product exact in float32 and summed in float32, C
@@ -54,12 +68,14 @@ void sgemm_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
 bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                    std::int64_t ldb, bfloat16* c, std::int64_t ldc,
-                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr,
+                   const WeightSource* weight = nullptr);
 // The same with C in float32 (not rounded): attention's scores and weighted values.
 bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, const bfloat16* a, std::int64_t lda, const bfloat16* b,
                    std::int64_t ldb, float* c, std::int64_t ldc,
-                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr);
+                   GemmLibrary library = GemmLibrary::automatic, const float* bias = nullptr,
+                   const WeightSource* weight = nullptr);
 
 // Whether bfloat16_gemm runs here: built with oneDNN, a CPU with AVX512-BF16 or AMX-BF16 as
 // oneDNN sees it, and neither RETRACE_NO_ONEDNN nor RETRACE_NO_BF16_GEMM set. Elsewhere
@@ -68,6 +84,10 @@ bool bfloat16_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
 [[nodiscard]] bool bfloat16_gemm_native() noexcept;
 // "amx_bf16", "avx512_bf16" or "float32" (converted operands): what bfloat16 products run on.
 [[nodiscard]] const char* bfloat16_gemm_path() noexcept;
+
+// Bytes held by this kernel variant's packed weights (oneDNN-layout copies of weights that
+// linear and matmul read, kept while the weight's buffer is not written; see gemm.cpp).
+[[nodiscard]] std::int64_t packed_weight_bytes() noexcept;
 
 // What `automatic` does with a shape: this_thread, or automatic for a product split over the
 // kernel threads.

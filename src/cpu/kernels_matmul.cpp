@@ -9,6 +9,7 @@
 #include "retrace/error.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -58,6 +59,12 @@ void matmul_kernel(const std::byte* raw) {
   // Converted once (in this thread's scratch; the batches only read it).
   const float* bias =
       p.bias == nullptr ? nullptr : as_float(static_cast<const T*>(p.bias), p.n, 3);
+  // A B read alike by every batch may be used packed (MatmulParams::b_buffer).
+  bool shared_b = p.b_buffer != nullptr;
+  for (int d = 0; d < p.batch_rank; ++d) shared_b = shared_b && p.b_batch_strides[d] == 0;
+  static std::atomic<std::uint64_t> calls{0};
+  const WeightSource source{p.b_buffer, shared_b ? calls.fetch_add(1) + 1 : 0};
+  const WeightSource* weight = shared_b ? &source : nullptr;
   auto one = [&](std::int64_t batch, GemmLibrary library) {
     std::int64_t offsets[2];
     row_offsets(batch, p.batch_shape, p.batch_rank, {p.a_batch_strides, p.b_batch_strides},
@@ -68,14 +75,16 @@ void matmul_kernel(const std::byte* raw) {
       if (bfloat16_gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
                         static_cast<const T*>(p.a) + offsets[0], p.trans_a ? p.m : p.k,
                         static_cast<const T*>(p.b) + offsets[1], p.trans_b ? p.k : p.n, out, p.n,
-                        library, bias)) {
+                        library, bias, weight)) {
         return;
       }
     }
     const float* a = as_float(static_cast<const T*>(p.a) + offsets[0], mk, 0);
     const float* b = as_float(static_cast<const T*>(p.b) + offsets[1], kn, 1);
     float* c = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : thread_scratch(2, mn);
-    sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, 0.0f, c, library, bias);
+    sgemm_strided(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.trans_a ? p.m : p.k, b,
+                  p.trans_b ? p.k : p.n, 0.0f, c, p.n, library, bias,
+                  std::is_same_v<T, float> ? weight : nullptr);
     if constexpr (!std::is_same_v<T, float>) store_from_float(c, out, mn);
   };
   if (batches > 1 && gemm_choice(p.m, p.n, p.k) == GemmLibrary::this_thread) {

@@ -9,12 +9,22 @@
 
 namespace retrace::cpu {
 
-void Program::append(KernelFn fn, const char* op, const void* params, std::size_t params_size) {
-  const std::size_t param_slots = (params_size + sizeof(CommandSlot) - 1) / sizeof(CommandSlot);
+namespace {
+std::size_t slots_for(std::size_t bytes) {
+  return (bytes + sizeof(CommandSlot) - 1) / sizeof(CommandSlot);
+}
+}  // namespace
+
+void Program::append(KernelFn fn, const char* op, const void* params, std::size_t params_size,
+                     std::span<const Buffer* const> marks) {
+  const std::size_t param_slots = slots_for(params_size);
+  const std::size_t mark_slots = slots_for(marks.size_bytes());
   const std::size_t at = stream.size();
-  stream.resize(at + 1 + param_slots);
-  new (&stream[at]) CommandHeader{fn, static_cast<std::uint32_t>(1 + param_slots)};
+  stream.resize(at + 1 + param_slots + mark_slots);
+  new (&stream[at]) CommandHeader{fn, static_cast<std::uint32_t>(1 + param_slots + mark_slots),
+                                  static_cast<std::uint32_t>(marks.size())};
   if (params_size > 0) std::memcpy(&stream[at + 1], params, params_size);
+  if (!marks.empty()) std::memcpy(&stream[at + 1 + param_slots], marks.data(), marks.size_bytes());
   ops.push_back(op);
 }
 
@@ -37,6 +47,16 @@ void run_commands(const CommandSlot* slot, const CommandSlot* end, std::size_t& 
                   [[maybe_unused]] std::uint64_t* command_ns) {
   for (; slot != end; ++index) {
     const auto* header = std::launder(reinterpret_cast<const CommandHeader*>(slot));
+    if (header->marks != 0) [[unlikely]] {
+      // After the parameters: the buffers the command writes.
+      const CommandSlot* marks = slot + header->slots - slots_for(header->marks * sizeof(Buffer*));
+      for (std::uint32_t i = 0; i < header->marks; ++i) {
+        const Buffer* buffer;
+        std::memcpy(&buffer, reinterpret_cast<const std::byte*>(marks) + i * sizeof buffer,
+                    sizeof buffer);
+        buffer->mark_written();
+      }
+    }
     if constexpr (Timed) {
       const auto t0 = std::chrono::steady_clock::now();
       header->fn(reinterpret_cast<const std::byte*>(slot + 1));

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,11 @@ struct alignas(16) CommandSlot {
 };
 struct CommandHeader {
   KernelFn fn;
-  std::uint32_t slots;  // header and parameters
+  std::uint32_t slots;  // header, parameters and marks
+  // Buffers the command writes whose write counts it raises as it starts (Buffer::
+  // mark_written): their pointers follow the parameters. Only buffers from outside a trace's
+  // pool: the device derives data (packed weights) from those alone.
+  std::uint32_t marks;
 };
 static_assert(sizeof(CommandHeader) <= sizeof(CommandSlot));
 
@@ -47,7 +52,8 @@ struct Program {
   };
   std::vector<CollectiveRef> collectives;
 
-  void append(KernelFn fn, const char* op, const void* params, std::size_t params_size);
+  void append(KernelFn fn, const char* op, const void* params, std::size_t params_size,
+              std::span<const Buffer* const> marks = {});
   [[nodiscard]] std::size_t size() const noexcept { return ops.size(); }
   // Runs every command; returns the index of the one that threw (with its message) or size().
   // With `command_ns` (size() entries), each command's time is added to its entry.

@@ -57,7 +57,24 @@ void CpuQueue::record_command(Program& program, const KernelLaunch& launch, Kern
   if (launch.kernel == KernelId::collective) {
     program.collectives.push_back({program.size(), program.stream.size() + 1});
   }
-  program.append(fn, launch.op, launch.params, launch.params_size);
+  // The buffers it writes, a trace's own pool aside, have their write counts raised as it runs.
+  const Buffer* few[8];
+  std::vector<const Buffer*> many;
+  const Buffer** marks = few;
+  if (launch.buffers.size() > std::size(few)) {
+    many.resize(launch.buffers.size());
+    marks = many.data();
+  }
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < launch.buffers.size(); ++i) {
+    const Buffer* buffer = launch.buffers[i];
+    if (!launch.writes(i) || (program.trace && buffer->trace() == program.trace) ||
+        std::find(marks, marks + count, buffer) != marks + count) {
+      continue;
+    }
+    marks[count++] = buffer;
+  }
+  program.append(fn, launch.op, launch.params, launch.params_size, {marks, count});
   // An eager batch keeps its buffers alive until it ran; a trace's are kept by the device core.
   if (program.trace) return;
   for (Buffer* buffer : launch.buffers) program.retained.push_back(buffer->shared_from_this());

@@ -20,6 +20,7 @@ struct KernelVariant {
                 float alpha, const float* a, const float* b, float beta, float* c,
                 GemmLibrary library, const float* bias);
   const char* (*bfloat16_gemm_path)() noexcept;  // what its bfloat16 products run on
+  std::int64_t (*packed_weight_bytes)() noexcept;  // held by its packed weights
 };
 
 }  // namespace retrace::cpu

@@ -11,6 +11,6 @@ extern "C" const retrace::cpu::KernelVariant* RETRACE_CPU_VARIANT_ENTRY() noexce
   static constexpr retrace::cpu::KernelVariant variant{
       RETRACE_CPU_VARIANT_NAME, &retrace::cpu::resolve_kernel,
       &retrace::cpu::cpu_supports, &retrace::cpu::sgemm,
-      &retrace::cpu::bfloat16_gemm_path};
+      &retrace::cpu::bfloat16_gemm_path, &retrace::cpu::packed_weight_bytes};
   return &variant;
 }

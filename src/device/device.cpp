@@ -59,6 +59,23 @@ Buffer::~Buffer() {
   if (Device* device = link_->device.load()) device->free_buffer(*this);
 }
 
+std::shared_ptr<void> Buffer::derived(std::uint64_t key) const {
+  std::lock_guard lock(derived_mutex_);
+  for (const auto& [k, value] : derived_) {
+    if (k == key) return value;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<void> Buffer::add_derived(std::uint64_t key, std::shared_ptr<void> value) const {
+  std::lock_guard lock(derived_mutex_);
+  for (const auto& [k, stored] : derived_) {
+    if (k == key) return stored;
+  }
+  derived_.emplace_back(key, value);
+  return value;
+}
+
 Event::Event(std::shared_ptr<detail::EventState> state, std::shared_ptr<detail::DeviceLink> link,
              QueueId queue) noexcept
     : state_(std::move(state)), link_(std::move(link)), queue_(queue) {}

@@ -62,7 +62,7 @@ Tensor arange(double start, double end, double step, Device& device, DType dtype
   if (count == 0) return out;
   FillParams params{data_of(out), count, dtype, start, step};
   Buffer* buffers[] = {out.buffer().get()};
-  device.enqueue(queue, make_launch("arange", params, buffers));
+  device.enqueue(queue, make_launch("arange", params, buffers, writes_only({0})));
   return out;
 }
 
@@ -105,7 +105,7 @@ void copy(const Tensor& src, const Tensor& dst, QueueId queue) {
   }
   CopyParams params{data_of(src), data_of(dst), static_cast<std::int64_t>(dst.nbytes())};
   Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};
-  device.enqueue(queue, make_launch("copy", params, buffers));
+  device.enqueue(queue, make_launch("copy", params, buffers, writes_only({1})));
 }
 
 void assert_finite(const Tensor& input, QueueId queue) {
@@ -115,7 +115,7 @@ void assert_finite(const Tensor& input, QueueId queue) {
   AssertFiniteParams params{data_of(tensor), storage_elements(tensor.shape(), tensor.layout()),
                             tensor.dtype()};
   Buffer* buffers[] = {tensor.buffer().get()};
-  device.enqueue(queue, make_launch("assert_finite", params, buffers));
+  device.enqueue(queue, make_launch("assert_finite", params, buffers, writes_only({})));
 }
 
 }  // namespace retrace::ops

@@ -399,7 +399,7 @@ Tensor winograd_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias
   std::vector<Buffer*> buffers{xd.buffer().get(), wd.buffer().get(), out.buffer().get(),
                                scratch.buffer().get()};
   if (!bd.is_null()) buffers.push_back(bd.buffer().get());
-  x.device()->enqueue(queue, make_launch(op, params, buffers));
+  x.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({2, 3})));
   return out;
 }
 }  // namespace
@@ -559,7 +559,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
         std::vector<Buffer*> buffers{cols.buffer().get(), wg.buffer().get(),
                                      result.buffer().get()};
         if (!bg.is_null()) buffers.push_back(bg.buffer().get());
-        x.device()->enqueue(queue, make_launch("linear", params, buffers));
+        x.device()->enqueue(queue, make_launch("linear", params, buffers, writes_only({2})));
       }
     }
     if (pixels_last && !bg.is_null()) add(result, reshape(bg, {og, 1}), result, queue);

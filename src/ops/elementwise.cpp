@@ -64,7 +64,7 @@ void enqueue_binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor
                params.shape, {params.a_strides, params.b_strides}, params.rank, op);
   }
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({2})));
 }
 
 Tensor binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b, QueueId queue) {
@@ -94,7 +94,7 @@ void binary_scalar_out(const char* op, BinaryOp kind, const Tensor& a_in, double
   BinaryScalarParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                             a.dtype(), kind, b};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch(op, params, buffers));
+  device.enqueue(queue, make_launch(op, params, buffers, writes_only({1})));
 }
 
 Tensor binary_scalar(const char* op, BinaryOp kind, const Tensor& a, double b, QueueId queue) {
@@ -115,7 +115,7 @@ void unary_out(const char* op, UnaryOp kind, const Tensor& a_in, const Tensor& o
   UnaryParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()), a.dtype(),
                      kind};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch(op, params, buffers));
+  device.enqueue(queue, make_launch(op, params, buffers, writes_only({1})));
 }
 
 Tensor unary(const char* op, UnaryOp kind, const Tensor& a, QueueId queue) {

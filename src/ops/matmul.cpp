@@ -116,6 +116,13 @@ Shape squeezed(const Shape& shape, const MatmulOperands& operands) {
   return Shape(std::span<const std::int64_t>(dims));
 }
 
+// MatmulParams::b_buffer for a B read from `t`: its buffer, unless a trace's capture made it
+// (the trace keeps that memory, not the Buffer object, which may be gone at a replay; and a
+// trace's own buffers are rewritten by every replay anyway).
+const Buffer* weight_source(const Tensor& t) {
+  return t.buffer()->trace().has_value() ? nullptr : t.buffer().get();
+}
+
 // A strided operand that is a dense matrix (stack) with its last two dimensions swapped, as
 // transpose(x, -1, -2) of a contiguous x, is read in place with its transpose flag flipped;
 // any other view is copied dense.
@@ -144,8 +151,9 @@ void enqueue_matmul(MatmulPlan& plan, const Tensor& a_in, const Tensor& b_in, co
   plan.params.a = data_of(a);
   plan.params.b = data_of(b);
   plan.params.out = data_of(out);
+  plan.params.b_buffer = weight_source(b);
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch("matmul", plan.params, buffers));
+  a.device()->enqueue(queue, make_launch("matmul", plan.params, buffers, writes_only({2})));
 }
 
 }  // namespace
@@ -193,9 +201,10 @@ void enqueue_linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   params.alpha = 1.0f;
   params.dtype = x.dtype();
   params.trans_b = trans_b;
+  params.b_buffer = weight_source(weight);
   std::vector<Buffer*> buffers{x.buffer().get(), weight.buffer().get(), out.buffer().get()};
   if (!bias.is_null()) buffers.push_back(bias.buffer().get());
-  x.device()->enqueue(queue, make_launch("linear", params, buffers));
+  x.device()->enqueue(queue, make_launch("linear", params, buffers, writes_only({2})));
 }
 
 Shape linear_shape(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -350,7 +359,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   std::vector<Buffer*> buffers{qd.buffer().get(), kd.buffer().get(), vd.buffer().get(),
                                out.buffer().get()};
   if (!mask.is_null()) buffers.push_back(mask.buffer().get());
-  q.device()->enqueue(queue, make_launch(op, params, buffers));
+  q.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({3})));
   return out;
 }
 

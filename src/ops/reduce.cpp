@@ -54,7 +54,7 @@ Tensor reduce(const char* op, ReduceOp kind, const Tensor& a_in, KeepDim keepdim
   Tensor out = empty_like(a, Shape(std::span<const std::int64_t>(shape)), op);
   ReduceParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype(), kind};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({1})));
   return out;
 }
 
@@ -82,7 +82,7 @@ void norm(const char* op, const Tensor& a_in, const Tensor& weight_in, const Ten
   std::vector<Buffer*> buffers{a.buffer().get(), out.buffer().get()};
   if (!weight.is_null()) buffers.push_back(weight.buffer().get());
   if (!bias.is_null()) buffers.push_back(bias.buffer().get());
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({1})));
 }
 
 Tensor norm(const char* op, const Tensor& a, const Tensor& weight, const Tensor& bias,
@@ -112,7 +112,7 @@ void softmax(const Tensor& a_in, const Tensor& out, QueueId queue) {
   check_no_partial_overlap(out, "softmax", {{&a, "a"}});
   SoftmaxParams params{data_of(a), data_of(out), r.rows, r.cols, a.dtype()};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch("softmax", params, buffers));
+  a.device()->enqueue(queue, make_launch("softmax", params, buffers, writes_only({1})));
 }
 
 Tensor softmax(const Tensor& a, QueueId queue) {
@@ -162,7 +162,7 @@ Tensor argmax(const Tensor& a, KeepDim keepdim, QueueId queue) {
   const Tensor ad = dense(a, queue);
   ReduceParams params{data_of(ad), data_of(out), r.rows, r.cols, a.dtype(), ReduceOp::argmax};
   Buffer* buffers[] = {ad.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({1})));
   return out;
 }
 

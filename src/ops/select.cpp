@@ -70,7 +70,7 @@ void enqueue_compare(const char* op, CompareOp kind, const Tensor& a, const Tens
   fill_space(collapse(shape, {broadcast_strides(a, shape), broadcast_strides(b, shape)}),
              params.shape, {params.a_strides, params.b_strides}, params.rank, op);
   Buffer* buffers[] = {a.buffer().get(), b.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({2})));
 }
 
 void check_compare(const char* op, const Tensor& a, const Tensor& b) {
@@ -113,7 +113,7 @@ void enqueue_where(const Tensor& cond, const Tensor& a, const Tensor& b, const T
              params.rank, "where");
   Buffer* buffers[] = {cond.buffer().get(), a.buffer().get(), b.buffer().get(),
                        out.buffer().get()};
-  a.device()->enqueue(queue, make_launch("where", params, buffers));
+  a.device()->enqueue(queue, make_launch("where", params, buffers, writes_only({3})));
 }
 
 Shape check_where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b,
@@ -268,7 +268,7 @@ Tensor enqueue_gather(const char* op, const Tensor& a, std::size_t dim, const Te
   params.dim_size = a.shape()[dim];
   params.elem_size = static_cast<std::int32_t>(dtype_size(a.dtype()));
   Buffer* buffers[] = {a.buffer().get(), index.buffer().get(), out.buffer().get()};
-  a.device()->enqueue(queue, make_launch(op, params, buffers));
+  a.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({2})));
   return out;
 }
 

@@ -108,7 +108,7 @@ void strided_copy(const char* op, const Tensor& src, std::int64_t src_offset,
   fill_space(collapse(shape, {src_strides, dst_strides}), params.shape,
              {params.src_strides, params.dst_strides}, params.rank, op);
   Buffer* buffers[] = {src.buffer().get(), dst.buffer().get()};
-  src.device()->enqueue(queue, make_launch(op, params, buffers));
+  src.device()->enqueue(queue, make_launch(op, params, buffers, writes_only({1})));
 }
 
 }  // namespace detail
@@ -398,7 +398,7 @@ Tensor typecast(const Tensor& a_in, DType dtype, QueueId queue) {
   TypecastParams params{data_of(a), data_of(out), storage_elements(a.shape(), a.layout()),
                         a.dtype(), dtype};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch("typecast", params, buffers));
+  device.enqueue(queue, make_launch("typecast", params, buffers, writes_only({1})));
   return out;
 }
 
@@ -417,7 +417,7 @@ Tensor to_layout(const Tensor& a_in, Layout layout, QueueId queue) {
                       static_cast<std::int32_t>(dtype_size(a.dtype())),
                       layout == Layout::tile};
   Buffer* buffers[] = {a.buffer().get(), out.buffer().get()};
-  device.enqueue(queue, make_launch("to_layout", params, buffers));
+  device.enqueue(queue, make_launch("to_layout", params, buffers, writes_only({1})));
   return out;
 }
 
