@@ -119,8 +119,9 @@ TEST_P(PackedWeights, NonFiniteWeightsGiveTheSameBitsPacked) {
   values[160 * 150 + 100] = -std::numeric_limits<float>::infinity();
   const Tensor w = put(values, {200, 160});
   const auto first = float_bits(ops::linear(x, w));
-  auto traced = make_tracer([](const Tensor& a, const Tensor& b) { return ops::matmul(a, ops::transpose(b, 0, 1)); },
-                            *device_);
+  auto traced = make_tracer(
+      [](const Tensor& a, const Tensor& b) { return ops::matmul(a, ops::transpose(b, 0, 1)); },
+      *device_);
   for (int call = 0; call < 3; ++call) {
     EXPECT_EQ(float_bits(ops::linear(x, w)), first) << "call " << call;
     EXPECT_EQ(float_bits(traced(x, w)), first) << "replay " << call;
@@ -154,7 +155,9 @@ TEST_P(PackedWeights, AProductOfTheTracesOwnResultsReadsEachReplays) {
 }
 
 INSTANTIATE_TEST_SUITE_P(, PackedWeights, ::testing::Values(DType::float32, DType::bfloat16),
-                         [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
+                         [](const auto& param_info) {
+                           return std::string(dtype_name(param_info.param));
+                         });
 
 }  // namespace
 }  // namespace retrace

@@ -447,7 +447,8 @@ struct KernelLaunch {
 };
 
 // The `written` mask of a launch that writes only buffers[i] for each i given.
-[[nodiscard]] constexpr std::uint64_t writes_only(std::initializer_list<std::size_t> indices) noexcept {
+[[nodiscard]] constexpr std::uint64_t writes_only(
+    std::initializer_list<std::size_t> indices) noexcept {
   std::uint64_t mask = 0;
   for (std::size_t i : indices) mask |= std::uint64_t{1} << i;
   return mask;

@@ -225,7 +225,7 @@ void run_onednn(OnednnGemm& g, const void* a, const void* b, void* c, const void
 // --- packed weights ------------------------------------------------------------------------
 // oneDNN multiplies by a B stored as plain rows by first copying each block of it into its
 // kernels' layout, on every call and on every thread that takes rows of C. A B that comes from
-// a buffer outside any trace's pool (a linear's weight, MatmulParams::weight) is instead
+// a buffer outside any trace's pool (a linear's weight, MatmulParams::b_buffer) is instead
 // copied into that layout once (a reorder) and the copy reused while the buffer's write count
 // stays the same: 3-8 % faster products at the DiT's shapes, more where two threads each took
 // half the rows. The copy belongs to the buffer (Buffer::add_derived), so it is freed with it
@@ -396,7 +396,8 @@ bool packed_product(const OnednnKey& plain, const WeightSource* weight, const vo
 // comes first) C starts as the bias rows and the product is added.
 bool onednn_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                 float* c, std::int64_t ldc, const float* bias, const WeightSource* weight = nullptr) {
+                 float* c, std::int64_t ldc, const float* bias,
+                 const WeightSource* weight = nullptr) {
   const bool fused = bias != nullptr && alpha == 1.0f;
   const bool accumulate = beta != 0.0f || (bias != nullptr && !fused);
   const OnednnKey key{m, n, k, lda, ldb, ldc, ta, tb, accumulate, fused, alpha};
