@@ -131,9 +131,8 @@ class Buffer : public std::enable_shared_from_this<Buffer> {
   void mark_written() const noexcept { writes_.fetch_add(1, std::memory_order_acq_rel); }
 
   // Data a backend derives from the buffer's contents, under a key of its choosing, freed with
-  // the buffer (null when none). The backend checks write_count() itself.
-  [[nodiscard]] std::shared_ptr<void> derived(std::uint64_t key) const;
-  // Stores `value` under `key` unless one is there already; returns the stored one.
+  // the buffer: stores `value` under `key` unless one is there already, and returns the stored
+  // one. The backend checks write_count() itself.
   std::shared_ptr<void> add_derived(std::uint64_t key, std::shared_ptr<void> value) const;
 
  private:

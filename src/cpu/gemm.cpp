@@ -194,16 +194,31 @@ OnednnGemm* find_onednn(const OnednnKey& key) {
   return &it->second;
 }
 
+// One oneDNN call on the calling thread, while it lives: oneDNN's OpenMP team held to one
+// thread (the calling thread's setting is put back after), and the thread's stream.
+class OnednnCall {
+ public:
+  OnednnCall() : previous_threads_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OnednnCall() { omp_set_num_threads(previous_threads_); }
+  OnednnCall(const OnednnCall&) = delete;
+  OnednnCall& operator=(const OnednnCall&) = delete;
+  static dnnl::stream& stream() {
+    thread_local dnnl::stream stream(onednn_engine());
+    return stream;
+  }
+
+ private:
+  int previous_threads_;
+};
+
 // Runs g (made for a key with a bias when `bias` is given) on the calling thread. C's sum
 // post-op, if any, adds C as it is.
 void run_onednn(OnednnGemm& g, const void* a, const void* b, void* c, const void* bias) {
   g.a.set_data_handle(const_cast<void*>(a));
   g.b.set_data_handle(const_cast<void*>(b));
   g.c.set_data_handle(c);
-  thread_local dnnl::stream stream(onednn_engine());
-  // One OpenMP thread for the call; the calling thread's setting is put back.
-  const int previous_threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  const OnednnCall call;
+  dnnl::stream& stream = OnednnCall::stream();
   const dnnl::memory scratchpad(g.scratchpad, onednn_engine(),
                                 onednn_scratchpad(g.scratchpad.get_size()));
   if (bias != nullptr) {
@@ -219,7 +234,6 @@ void run_onednn(OnednnGemm& g, const void* a, const void* b, void* c, const void
                                  {DNNL_ARG_DST, g.c},
                                  {DNNL_ARG_SCRATCHPAD, scratchpad}});
   }
-  omp_set_num_threads(previous_threads);
 }
 
 // --- packed weights ------------------------------------------------------------------------
@@ -300,27 +314,21 @@ std::shared_ptr<PackedWeight> packed_entry(const Buffer& buffer, const void* b, 
   return entry;
 }
 
-// B of `plain`'s product reordered into `g`'s layout (empty where the budget is spent).
-dnnl::memory pack_weight(const OnednnKey& plain, const OnednnGemm& g, const void* b) {
+// B at `b`, laid out as `plain`'s product reads it, reordered into `packed`'s layout (empty
+// where the budget is spent).
+dnnl::memory pack_weight(const OnednnGemm& plain, const OnednnGemm& packed, const void* b) {
   using dnnl::memory;
-  const memory::desc& packed_desc = g.b.get_desc();
+  const memory::desc& packed_desc = packed.b.get_desc();
   const auto bytes = static_cast<std::int64_t>(packed_desc.get_size());
   if (packed_bytes.fetch_add(bytes) + bytes > kPackedBudget) {
     packed_bytes.fetch_sub(bytes);
     return {};
   }
-  const dnnl::engine& engine = onednn_engine();
-  const memory::desc b_desc({plain.k, plain.n},
-                            plain.bf16 ? memory::data_type::bf16 : memory::data_type::f32,
-                            plain.tb ? memory::dims{1, plain.ldb} : memory::dims{plain.ldb, 1});
-  memory source(b_desc, engine, const_cast<void*>(b));
-  memory packed(packed_desc, engine);
-  thread_local dnnl::stream stream(engine);
-  const int previous_threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  dnnl::reorder(source, packed).execute(stream, source, packed);
-  omp_set_num_threads(previous_threads);
-  return packed;
+  memory source(plain.b.get_desc(), onednn_engine(), const_cast<void*>(b));
+  memory copy(packed_desc, onednn_engine());
+  const OnednnCall call;
+  dnnl::reorder(source, copy).execute(OnednnCall::stream(), source, copy);
+  return copy;
 }
 
 // The product of `plain` (made by find_onednn) with B packed where `weight` allows (see
@@ -359,7 +367,7 @@ bool packed_product(const OnednnKey& plain, const WeightSource* weight, const vo
   // the copy kept if their bits agree.
   OnednnGemm* plain_g = find_onednn(plain);
   if (plain_g == nullptr) return false;
-  dnnl::memory packed = pack_weight(plain, *g, b);
+  dnnl::memory packed = pack_weight(*plain_g, *g, b);
   run_onednn(*plain_g, a, b, c, bias);
   if (!packed) return true;
   const std::size_t elem = plain.bf16 && !plain.float_out ? 2 : 4;

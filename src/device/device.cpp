@@ -59,14 +59,6 @@ Buffer::~Buffer() {
   if (Device* device = link_->device.load()) device->free_buffer(*this);
 }
 
-std::shared_ptr<void> Buffer::derived(std::uint64_t key) const {
-  std::lock_guard lock(derived_mutex_);
-  for (const auto& [k, value] : derived_) {
-    if (k == key) return value;
-  }
-  return nullptr;
-}
-
 std::shared_ptr<void> Buffer::add_derived(std::uint64_t key, std::shared_ptr<void> value) const {
   std::lock_guard lock(derived_mutex_);
   for (const auto& [k, stored] : derived_) {
