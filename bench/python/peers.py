@@ -23,7 +23,7 @@ BFLOAT16_TOLERANCE, the bound `retrace bench` holds its own bfloat16 step to.
 It writes the peers' medians and the ratios of retrace's traced step to each peer and to the
 best peer into the rows of build/bench.json (`onnxruntime_ms`, `torch_compile_ms`,
 `best_peer_ms`, `traced_over_best_peer`, ...), prints the table and draws
-build/bench_peers.png. A peer that cannot run here is skipped with a line saying why.
+bench_peers.png beside that file (--plot to choose another). A peer that cannot run here is skipped with a line saying why.
 
 With `--load N` (default: the load `retrace bench --load N` measured under, read from its
 rows) every peer is also timed beside N busy processes spinning on this process' CPUs, rounds
@@ -388,14 +388,20 @@ def plot(rows: list[dict], path: Path) -> None:
     except ImportError:
         print("peers: chart skipped (matplotlib is not installed)")
         return
-    cases = [f"{r['size']}/{r.get('dtype', 'float32')[:4]}/{r['threads']}t" for r in rows]
+    short = {"float32": "f32", "bfloat16": "bf16"}
+    cases = [f"{r['size']}/{short.get(r.get('dtype', 'float32'), r.get('dtype'))}/{r['threads']}t"
+             for r in rows]
     series = [("retrace traced", "traced_ms"), ("retrace floor", "floor_ms"),
               ("ONNX Runtime", "onnxruntime_ms"), ("torch.compile", "torch_compile_ms")]
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.2
+    largest = 1.0
     for i, (label, key) in enumerate(series):
         ratios = [(r.get(key) or float("nan")) / r["traced_ms"] for r in rows]
+        largest = max([largest] + [x for x in ratios if x == x])
         ax.bar([c + (i - 1.5) * width for c in range(len(rows))], ratios, width, label=label)
+    if largest > 10:  # a peer far behind (a dispatch-bound size) would flatten the rest
+        ax.set_yscale("log")
     ax.axhline(1.0, color="black", linewidth=0.5)
     ax.set_xticks(range(len(rows)), cases)
     ax.set_ylabel("time / retrace traced (higher: retrace faster)")
@@ -411,7 +417,8 @@ def main() -> int:
     parser.add_argument("--steps-dir", type=Path, default=Path("build/peers"))
     parser.add_argument("--bench-json", type=Path, default=Path("build/bench.json"),
                         help="retrace bench's rows, to which the peers' columns are added")
-    parser.add_argument("--plot", type=Path, default=Path("build/bench_peers.png"))
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="the chart (default: bench_peers.png beside --bench-json)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--peers", default="onnxruntime,torch_compile",
@@ -422,6 +429,8 @@ def main() -> int:
                         help="busy processes to time the peers beside as well (default: the "
                              "bench rows' load, or none)")
     args = parser.parse_args()
+    if args.plot is None:
+        args.plot = args.bench_json.with_name("bench_peers.png")
 
     all_rows = json.loads(args.bench_json.read_text())
     if isinstance(all_rows, dict):
