@@ -41,6 +41,27 @@ TEST_F(OpEdgesTest, ZeroExtentBroadcastsAgainstOneToZero) {
                        "add: shapes [0, 3] and [2, 3] do not broadcast");
 }
 
+// chunk follows torch.chunk: pieces of ceil(extent / chunks), fewer where they run out, and
+// `chunks` empty pieces of an empty extent (an empty batch unpacks like a full one).
+TEST_F(OpEdgesTest, ChunkCountsAsTorchChunk) {
+  auto extents = [](const std::vector<Tensor>& pieces, std::size_t dim) {
+    std::vector<std::int64_t> out;
+    for (const Tensor& t : pieces) out.push_back(t.shape().dims()[dim]);
+    return out;
+  };
+  using V = std::vector<std::int64_t>;
+  EXPECT_EQ(extents(ops::chunk(empty_of({2, 5}), 4, 1), 1), (V{2, 2, 1}));
+  EXPECT_EQ(extents(ops::chunk(empty_of({2, 6}), 4, -1), 1), (V{2, 2, 2}));
+  EXPECT_EQ(extents(ops::chunk(empty_of({2, 1}), 3, 1), 1), (V{1}));
+  EXPECT_EQ(extents(ops::chunk(empty_of({0, 6}), 3, 0), 0), (V{0, 0, 0}));
+  EXPECT_EQ(extents(ops::chunk(empty_of({4, 0}), 1, 1), 1), (V{0}));
+  for (const Tensor& piece : ops::chunk(empty_of({0, 6}), 3, 0)) {
+    EXPECT_EQ(piece.shape(), Shape({0, 6}));
+  }
+  EXPECT_RETRACE_ERROR((void)ops::chunk(empty_of({0, 6}), 0, 0), invalid_argument,
+                       "chunk: chunks must be positive, got 0");
+}
+
 TEST_F(OpEdgesTest, LinearWithNoInputFeaturesGivesTheBias) {
   const Tensor x = empty_of({3, 0});
   const Tensor w = empty_of({4, 0});

@@ -309,7 +309,9 @@ enum class Causal : bool { no = false, yes = true };
 // Views: pieces of the given sizes along dim (they must add up to its extent).
 [[nodiscard]] std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes,
                                         std::int64_t dim, QueueId queue = kDefaultQueue);
-// Views: `chunks` pieces of (nearly) equal size along dim, the last possibly smaller.
+// Views: pieces of ceil(extent / chunks) along dim, the last possibly smaller, so fewer than
+// `chunks` where they run out (torch.chunk's rule: 5 in 4 chunks gives 2, 2, 1); an empty
+// extent gives `chunks` empty pieces.
 [[nodiscard]] std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, std::int64_t dim,
                                         QueueId queue = kDefaultQueue);
 [[nodiscard]] Tensor concat(std::span<const Tensor> tensors, std::int64_t dim,
