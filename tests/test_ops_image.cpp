@@ -439,14 +439,20 @@ TEST_F(OpImageTest, InterpolateNearestRepeatsOrSkipsElements) {
 
 // torch's source coordinates (float32 arithmetic, as torch computes them for float inputs;
 // checked against torch 2.15's CPU kernels).
-float torch_scale(std::int64_t in, std::int64_t out, bool aligned) {
+// torch's area_pixel_compute_scale: `factor` is interpolate's scale_factor (0: none given).
+float torch_scale(std::int64_t in, std::int64_t out, bool aligned, double factor = 0.0) {
   if (aligned) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  if (factor > 0.0) return static_cast<float>(1.0 / factor);
   return static_cast<float>(in) / static_cast<float>(out);
 }
 
-std::int64_t torch_nearest(std::int64_t in, std::int64_t out, std::int64_t i, bool exact) {
-  if (in == out) return i;
-  const float scale = torch_scale(in, out, false);
+// torch's nearest_idx / nearest_exact_idx (only the former copies an unchanged extent and halves
+// a doubled one whatever the factor).
+std::int64_t torch_nearest(std::int64_t in, std::int64_t out, std::int64_t i, bool exact,
+                           double factor = 0.0) {
+  if (!exact && in == out) return i;
+  if (!exact && out == 2 * in) return i >> 1;
+  const float scale = torch_scale(in, out, false, factor);
   const float at = exact ? (static_cast<float>(i) + 0.5f) * scale : static_cast<float>(i) * scale;
   return std::min(static_cast<std::int64_t>(std::floor(at)), in - 1);
 }
@@ -475,9 +481,10 @@ double separable_sum(const std::vector<double>& x, std::int64_t ih, std::int64_t
 }
 
 // (i0, i1) and (lambda0, lambda1) of torch's upsample_bilinear2d for output i.
-Taps<2> torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
-  if (in == out) return {{i, i}, {1.0, 0.0}};
-  const float scale = torch_scale(in, out, aligned);
+Taps<2> torch_linear(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned,
+                     double factor = 0.0) {
+  if (in == out) return {{i, i}, {1.0, 0.0}};  // whatever the factor, as torch's
+  const float scale = torch_scale(in, out, aligned, factor);
   // One rounding of scale * (i + 0.5) - 0.5: torch's kernels compute it as a fused multiply-add.
   float src = aligned ? scale * static_cast<float>(i)
                       : static_cast<float>(static_cast<double>(scale) *
@@ -521,6 +528,85 @@ TEST_F(OpImageTest, InterpolateNearestPicksTorchsElementsForEveryRatio) {
       }
     }
   }
+}
+
+// interpolate_scaled: torch's interpolate(scale_factor=...): floor(in * factor) outputs read
+// through 1 / factor (not in / out), so where in * factor is not whole it picks other elements
+// and weights than interpolate to the same size does, as torch's kernels do.
+TEST_F(OpImageTest, InterpolateByScaleFactorReadsThroughOneOverTheFactor) {
+  using M = ops::InterpolateMode;
+  std::uint64_t salt = 900;
+  for (double factor : {2.0, 1.5, 0.5, 1.09, 2.3, 0.7, 3.0, 0.34}) {
+    for (std::int64_t ih : {1, 3, 5, 10}) {
+      const std::int64_t iw = 1 + (ih * 7 + static_cast<std::int64_t>(factor * 10)) % 9;
+      const auto oh = static_cast<std::int64_t>(std::floor(static_cast<double>(ih) * factor));
+      const auto ow = static_cast<std::int64_t>(std::floor(static_cast<double>(iw) * factor));
+      const auto v = testing::random_floats(static_cast<std::size_t>(2 * ih * iw), ++salt);
+      const Tensor a = device_tensor(device(), v, {2, ih, iw});
+      const std::vector<double> x(v.begin(), v.end());
+      const std::string where = fmt::format("{}x{} by {}", ih, iw, factor);
+      for (bool exact : {false, true}) {
+        const Tensor y = ops::interpolate_scaled(a, factor, factor,
+                                                 {exact ? M::nearest_exact : M::nearest});
+        ASSERT_EQ(y.shape(), (Shape{2, oh, ow})) << where;
+        const std::vector<float> got = y.to_vector<float>();
+        for (std::int64_t m = 0; m < 2; ++m) {
+          for (std::int64_t i = 0; i < oh; ++i) {
+            for (std::int64_t j = 0; j < ow; ++j) {
+              const std::int64_t si = torch_nearest(ih, oh, i, exact, factor);
+              const std::int64_t sj = torch_nearest(iw, ow, j, exact, factor);
+              ASSERT_EQ(got[static_cast<std::size_t>((m * oh + i) * ow + j)],
+                        v[static_cast<std::size_t>((m * ih + si) * iw + sj)])
+                  << where << " exact " << exact << " at " << m << "," << i << "," << j;
+            }
+          }
+        }
+      }
+      for (bool aligned : {false, true}) {
+        const std::vector<double> got =
+            ops::interpolate_scaled(a, factor, factor, {M::bilinear, aligned}).to_vector<double>();
+        for (std::int64_t m = 0; m < 2; ++m) {
+          for (std::int64_t i = 0; i < oh; ++i) {
+            for (std::int64_t j = 0; j < ow; ++j) {
+              const double want =
+                  separable_sum(x, ih, iw, m, torch_linear(ih, oh, i, aligned, factor),
+                                torch_linear(iw, ow, j, aligned, factor));
+              ASSERT_NEAR(got[static_cast<std::size_t>((m * oh + i) * ow + j)], want, 4e-7)
+                  << where << " bilinear, align_corners " << aligned << " at " << m << "," << i
+                  << "," << j;
+            }
+          }
+        }
+        // align_corners reads through the sizes: the same as interpolate to them.
+        if (aligned) {
+          EXPECT_EQ(ops::interpolate(a, oh, ow, {M::bilinear, true}).to_vector<float>(),
+                    ops::interpolate_scaled(a, factor, factor, {M::bilinear, true})
+                        .to_vector<float>())
+              << where;
+        }
+      }
+      // area is adaptive pooling to the sizes, as torch's.
+      if (oh > 0 && ow > 0) {
+        EXPECT_EQ(ops::interpolate(a, oh, ow, {M::area}).to_vector<float>(),
+                  ops::interpolate_scaled(a, factor, factor, {M::area}).to_vector<float>())
+            << where;
+      }
+    }
+  }
+  // Different factors per dimension; a whole ratio gives interpolate's result.
+  const Tensor b = device_tensor(device(), testing::random_floats(2 * 4 * 6, 990), {2, 4, 6});
+  EXPECT_EQ(ops::interpolate_scaled(b, 2.0, 0.5, {M::bilinear}).shape(), (Shape{2, 8, 3}));
+  EXPECT_EQ(ops::interpolate_scaled(b, 2.0, 0.5, {M::bilinear}).to_vector<float>(),
+            ops::interpolate(b, 8, 3, {M::bilinear}).to_vector<float>());
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity()}) {
+    EXPECT_RETRACE_ERROR((void)ops::interpolate_scaled(b, 1.0, bad), invalid_argument,
+                         "interpolate: scale_factor for the width is");
+  }
+  EXPECT_RETRACE_ERROR((void)ops::interpolate_scaled(b, 1e30, 1.0), invalid_argument,
+                       "interpolate: the height 4 scaled by 1e+30 is too large");
+  EXPECT_RETRACE_ERROR((void)ops::interpolate_scaled(ops::full({3}, 1.0, device()), 2.0, 2.0),
+                       invalid_argument, "interpolate: a has rank 1");
 }
 
 TEST_F(OpImageTest, InterpolateKnownValues) {
@@ -570,14 +656,17 @@ TEST_F(OpImageTest, InterpolateBilinearMatchesAFloat64Reference) {
 
 // The four taps (clamped to the edges) and Keys' weights (A = -0.75) of torch's bicubic for
 // output i, in float64 from torch's float32 source position.
-Taps<4> torch_cubic(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned) {
+// `factor`: interpolate's scale_factor (0: none given); an unchanged extent is copied only
+// without one (or with 1), as torch's.
+Taps<4> torch_cubic(std::int64_t in, std::int64_t out, std::int64_t i, bool aligned,
+                    double factor = 0.0) {
   Taps<4> taps{};
-  if (in == out) {
+  const float scale = torch_scale(in, out, aligned, factor);
+  if (in == out && (factor == 0.0 || scale == 1.0f || aligned)) {
     taps.index[0] = taps.index[1] = taps.index[2] = taps.index[3] = i;
     taps.weight[1] = 1.0;
     return taps;
   }
-  const float scale = torch_scale(in, out, aligned);
   const float src = aligned ? scale * static_cast<float>(i)
                             : static_cast<float>(static_cast<double>(scale) *
                                                      (static_cast<double>(i) + 0.5) -
@@ -619,6 +708,37 @@ TEST_F(OpImageTest, InterpolateBicubicMatchesAFloat64Reference) {
   EXPECT_RETRACE_ERROR((void)ops::interpolate(ops::full({1, 2, 2}, 1.0, device(), DType::int32), 3,
                                               3, {ops::InterpolateMode::bicubic}),
                        invalid_argument, "interpolate");
+}
+
+// interpolate_scaled with bicubic: through 1 / factor, an unchanged extent resampled too.
+TEST_F(OpImageTest, InterpolateBicubicByScaleFactorMatchesAFloat64Reference) {
+  std::uint64_t salt = 950;
+  for (double factor : {1.5, 0.7, 1.09, 2.0, 0.34}) {
+    for (std::int64_t ih : {1, 4, 10}) {
+      const std::int64_t iw = 2 + ih % 5;
+      const auto oh = static_cast<std::int64_t>(std::floor(static_cast<double>(ih) * factor));
+      const auto ow = static_cast<std::int64_t>(std::floor(static_cast<double>(iw) * factor));
+      const auto v = testing::random_floats(static_cast<std::size_t>(ih * iw), ++salt);
+      const std::vector<double> x(v.begin(), v.end());
+      for (bool aligned : {false, true}) {
+        const std::vector<double> got =
+            ops::interpolate_scaled(device_tensor(device(), v, {1, ih, iw}), factor, factor,
+                                    {ops::InterpolateMode::bicubic, aligned})
+                .to_vector<double>();
+        ASSERT_EQ(got.size(), static_cast<std::size_t>(oh * ow));
+        for (std::int64_t i = 0; i < oh; ++i) {
+          for (std::int64_t j = 0; j < ow; ++j) {
+            ASSERT_NEAR(got[static_cast<std::size_t>(i * ow + j)],
+                        separable_sum(x, ih, iw, 0, torch_cubic(ih, oh, i, aligned, factor),
+                                      torch_cubic(iw, ow, j, aligned, factor)),
+                        2e-6)
+                << ih << "x" << iw << " by " << factor << ", align_corners " << aligned
+                << " at " << i << "," << j;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(OpImageTest, InterpolateAreaAveragesTorchsWindows) {

@@ -380,6 +380,17 @@ struct InterpolateOptions {
 [[nodiscard]] Tensor interpolate(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
                                  const InterpolateOptions& options = {},
                                  QueueId queue = kDefaultQueue);
+// torch's interpolate(scale_factor=(scale_h, scale_w)) (recompute_scale_factor unset): the
+// output is floor(in * scale) along each dimension (in double), and nearest, nearest-exact,
+// and bilinear and bicubic without align_corners, read output i through 1 / scale rounded to
+// float32, as torch's kernels do, not through in / out (they differ where in * scale is not
+// whole: 5 scaled by 1.5 gives 7 outputs read at steps of 0.6667, not 0.7143; and 10 scaled by
+// 1.09 stays 10, copied by nearest and bilinear but resampled by nearest-exact and bicubic, as
+// torch's kernels do).
+// align_corners and area use the sizes, as torch's. Factors are finite and > 0.
+[[nodiscard]] Tensor interpolate_scaled(const Tensor& a, double scale_h, double scale_w,
+                                        const InterpolateOptions& options = {},
+                                        QueueId queue = kDefaultQueue);
 // interpolate with mode nearest.
 [[nodiscard]] Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
                                          QueueId queue = kDefaultQueue);

@@ -6,6 +6,7 @@
 #include "retrace/ops.hpp"
 
 #include <array>
+#include <cmath>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
@@ -575,8 +576,10 @@ void bind_ops(nb::module_& m) {
       nb::arg("queue") = nb::none(),
       "Constant padding, torch.nn.functional.pad's order: (before, after) pairs from the last "
       "dimension.");
+  // size: one integer for both dimensions (as torch's) or (out_h, out_w).
   const auto size_pair = [](nb::handle size, const char* op) {
-    const std::vector<std::int64_t> s = int_list(size, op, "size");
+    std::vector<std::int64_t> s = int_list(size, op, "size");
+    if (s.size() == 1 && nb::isinstance<nb::int_>(size)) s.push_back(s[0]);
     RETRACE_CHECK(s.size() == 2, invalid_argument, "{}: size is (out_h, out_w), got {} values", op,
                   s.size());
     return s;
@@ -593,8 +596,8 @@ void bind_ops(nb::module_& m) {
   ops.def(
       "interpolate",
       [size_pair](const Tensor& a, nb::handle size, std::string_view mode, bool align_corners,
-                  nb::handle queue) {
-        const std::vector<std::int64_t> s = size_pair(size, "interpolate");
+                  nb::handle scale_factor, bool recompute_scale_factor, nb::handle queue) {
+        constexpr const char* op = "interpolate";
         ops::InterpolateOptions options;
         options.align_corners = align_corners;
         if (mode == "nearest") options.mode = ops::InterpolateMode::nearest;
@@ -608,13 +611,60 @@ void bind_ops(nb::module_& m) {
                        "'bilinear', 'bicubic', 'area'",
                        mode);
         }
-        return ops::interpolate(a, s[0], s[1], options, parse_queue(queue));
+        RETRACE_CHECK(size.is_none() != scale_factor.is_none(), invalid_argument,
+                      "interpolate: give exactly one of size and scale_factor");
+        if (!size.is_none()) {
+          const std::vector<std::int64_t> s = size_pair(size, op);
+          return ops::interpolate(a, s[0], s[1], options, parse_queue(queue));
+        }
+        // scale_factor: one number for both dimensions or (scale_h, scale_w).
+        std::vector<double> f;
+        const auto number = [&](nb::handle v) {
+          RETRACE_CHECK(nb::isinstance<nb::float_>(v) || nb::isinstance<nb::int_>(v),
+                        invalid_argument,
+                        "interpolate: scale_factor must be a number or two, got {}",
+                        nb::type_name(v.type()).c_str());
+          f.push_back(nb::cast<double>(v));
+        };
+        if (nb::isinstance<nb::sequence>(scale_factor)) {
+          for (nb::handle v : nb::iter(scale_factor)) number(v);
+        } else {
+          number(scale_factor);
+          f.push_back(f[0]);
+        }
+        RETRACE_CHECK(f.size() == 2, invalid_argument,
+                      "interpolate: scale_factor is one number or (scale_h, scale_w), got {} "
+                      "values",
+                      f.size());
+        if (recompute_scale_factor) {  // torch's: the sizes decide, as if given
+          const std::int64_t rank = static_cast<std::int64_t>(a.shape().rank());
+          RETRACE_CHECK(rank >= 2, invalid_argument,
+                        "interpolate: a has rank {}; it resizes the last two dimensions "
+                        "[..., H, W]",
+                        rank);
+          for (double v : f) {
+            RETRACE_CHECK(std::isfinite(v) && v > 0.0, invalid_argument,
+                          "interpolate: scale_factor {} is not finite and > 0", v);
+          }
+          const auto scaled = [&](int i) {
+            return static_cast<std::int64_t>(
+                std::floor(static_cast<double>(a.shape()[-2 + i]) * f[static_cast<std::size_t>(i)]));
+          };
+          return ops::interpolate(a, scaled(0), scaled(1), options, parse_queue(queue));
+        }
+        return ops::interpolate_scaled(a, f[0], f[1], options, parse_queue(queue));
       },
-      nb::arg("a"), nb::arg("size"), nb::arg("mode") = "nearest",
-      nb::arg("align_corners") = false, nb::kw_only(), nb::arg("queue") = nb::none(),
-      "Resizing of the last two dimensions [..., H, W] to size = (out_h, out_w), as "
-      "torch.nn.functional.interpolate(size=..., mode=...): mode 'nearest', 'nearest-exact', "
-      "'bilinear', 'bicubic' (align_corners as torch's) or 'area'.");
+      nb::arg("a"), nb::arg("size").none() = nb::none(), nb::arg("mode") = "nearest",
+      nb::arg("align_corners") = false, nb::kw_only(),
+      nb::arg("scale_factor").none() = nb::none(), nb::arg("recompute_scale_factor") = false,
+      nb::arg("queue") = nb::none(),
+      "Resizing of the last two dimensions [..., H, W] to size = (out_h, out_w) (or one integer "
+      "for both), or by scale_factor (a number, or (scale_h, scale_w)), as "
+      "torch.nn.functional.interpolate(size=... or scale_factor=..., mode=...): mode 'nearest', "
+      "'nearest-exact', 'bilinear', 'bicubic' (align_corners as torch's) or 'area'. With "
+      "scale_factor the output is floor(in * factor) and the positions are read through "
+      "1 / factor, as torch's (unless recompute_scale_factor=True, which reads them through the "
+      "sizes).");
   ops.def(
       "conv2d",
       [](const Tensor& x, const Tensor& weight, const Tensor* bias, nb::handle stride,

@@ -337,6 +337,38 @@ def test_interpolate_bilinear_and_nearest_match_numpy(device, size, align_corner
         ops.interpolate(xt, size, mode="lanczos")
 
 
+def test_interpolate_by_scale_factor_reads_through_one_over_the_factor(device):
+    # torch's F.interpolate(scale_factor=...): floor(in * factor) outputs, positions through
+    # 1 / factor rounded to float32 (not in / out: 5 by 1.5 gives 7 outputs at steps of 0.6667).
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    xt = retrace.from_numpy(x, device=device)
+    got = ops.interpolate(xt, scale_factor=(1.5, 0.75), mode="nearest-exact").numpy()
+    assert got.shape == (1, 2, 7, 3)
+
+    def exact(n_in, n_out, factor):
+        at = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * np.float32(1.0 / factor)
+        return np.minimum(np.floor(at).astype(np.int64), n_in - 1)
+
+    np.testing.assert_array_equal(got, x[:, :, exact(5, 7, 1.5)][:, :, :, exact(4, 3, 0.75)])
+    # A whole factor: the same as the size it gives; one number for both dimensions.
+    np.testing.assert_array_equal(ops.interpolate(xt, scale_factor=2, mode="bilinear").numpy(),
+                                  ops.interpolate(xt, (10, 8), mode="bilinear").numpy())
+    np.testing.assert_array_equal(ops.interpolate(xt, scale_factor=2.0).numpy(),
+                                  x.repeat(2, axis=2).repeat(2, axis=3))
+    # recompute_scale_factor=True: the sizes decide, as torch's.
+    np.testing.assert_array_equal(
+        ops.interpolate(xt, scale_factor=1.5, mode="bilinear", recompute_scale_factor=True).numpy(),
+        ops.interpolate(xt, (7, 6), mode="bilinear").numpy())
+    assert ops.interpolate(xt, 3).shape == (1, 2, 3, 3)  # one size for both, as torch's
+    with pytest.raises(retrace.InvalidArgument, match="exactly one of size and scale_factor"):
+        ops.interpolate(xt)
+    with pytest.raises(retrace.InvalidArgument, match="exactly one of size and scale_factor"):
+        ops.interpolate(xt, (2, 2), scale_factor=2.0)
+    with pytest.raises(retrace.InvalidArgument, match="scale_factor for the width is -1"):
+        ops.interpolate(xt, scale_factor=(2.0, -1.0))
+
+
 def test_argmax_and_boolean_attention_masks(device):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 7)).astype(np.float32)

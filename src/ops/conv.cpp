@@ -87,11 +87,15 @@ bool is_linear_or_cubic(InterpolateMode mode) {
   return mode == InterpolateMode::bilinear || mode == InterpolateMode::bicubic;
 }
 
-AxisMap axis_map(std::int64_t in, std::int64_t out, const InterpolateOptions& o) {
+// `scale_factor`: the user's factor (interpolate_scaled), 0 when the output size was given.
+AxisMap axis_map(std::int64_t in, std::int64_t out, const InterpolateOptions& o,
+                 double scale_factor) {
   AxisMap m{in, out};
   const bool weighted = is_linear_or_cubic(o.mode);
   if (weighted && o.align_corners) {
     m.scale = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  } else if (scale_factor > 0.0) {
+    m.scale = static_cast<float>(1.0 / scale_factor);  // torch's compute_scales_value
   } else {
     m.scale = static_cast<float>(in) / static_cast<float>(out);
   }
@@ -271,8 +275,10 @@ Tensor area_sums(const Tensor& a, int dim, std::int64_t in, std::int64_t out, Te
   return sum;
 }
 
+// `scale_factors` (height, width): the user's factors (interpolate_scaled), or null.
 Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
-              const InterpolateOptions& options, const char* op, QueueId queue) {
+              const InterpolateOptions& options, const char* op, QueueId queue,
+              const double* scale_factors = nullptr) {
   device_of(a, op, "a");
   RETRACE_CHECK(a.layout() == Layout::row_major, invalid_argument,
                 "{}: a is in {} layout; resize row-major tensors", op, a.layout());
@@ -307,8 +313,15 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
   Tensor x = narrow ? typecast(a, DType::float32, queue) : a;
   Tensor window_sizes[2];  // area: each resized axis's window lengths
   for (int i = 1; i >= 0; --i) {
-    if (in[i] == out[i]) continue;  // torch copies an unchanged extent
-    const AxisMap m = axis_map(in[i], out[i], options);
+    const double factor = scale_factors == nullptr ? 0.0 : scale_factors[i];
+    const AxisMap m = axis_map(in[i], out[i], options, factor);
+    // torch copies an unchanged extent, except that given a factor other than 1 its
+    // nearest-exact and bicubic kernels read it through 1 / factor (10 at 1.09 stays 10, read
+    // at steps of 0.917); nearest, bilinear and area copy it whatever the factor.
+    const bool through_factor =
+        factor != 0.0 && m.scale != 1.0f &&
+        (options.mode == InterpolateMode::nearest_exact || options.mode == InterpolateMode::bicubic);
+    if (in[i] == out[i] && !through_factor) continue;
     const int dim = i == 0 ? -2 : -1;
     switch (options.mode) {
       case InterpolateMode::bilinear: x = resize_linear(x, dim, m, queue); break;
@@ -341,6 +354,30 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
 Tensor interpolate(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
                    const InterpolateOptions& options, QueueId queue) {
   return resize(a, out_h, out_w, options, "interpolate", queue);
+}
+
+Tensor interpolate_scaled(const Tensor& a, double scale_h, double scale_w,
+                          const InterpolateOptions& options, QueueId queue) {
+  constexpr const char* op = "interpolate";
+  device_of(a, op, "a");
+  const std::size_t rank = a.shape().rank();
+  RETRACE_CHECK(rank >= 2, invalid_argument,
+                "{}: a has rank {}; it resizes the last two dimensions [..., H, W]", op, rank);
+  const double factors[2] = {scale_h, scale_w};
+  std::int64_t out[2];
+  for (int i = 0; i < 2; ++i) {
+    const char* name = i == 0 ? "height" : "width";
+    RETRACE_CHECK(std::isfinite(factors[i]) && factors[i] > 0.0, invalid_argument,
+                  "{}: scale_factor for the {} is {}; factors are finite and > 0", op, name,
+                  factors[i]);
+    // torch's output size: floor(in * factor) in double.
+    const double size = std::floor(static_cast<double>(a.shape()[-2 + i]) * factors[i]);
+    RETRACE_CHECK(size <= static_cast<double>(std::int64_t{1} << 40), invalid_argument,
+                  "{}: the {} {} scaled by {} is too large", op, name, a.shape()[-2 + i],
+                  factors[i]);
+    out[i] = static_cast<std::int64_t>(size);
+  }
+  return resize(a, out[0], out[1], options, op, queue, factors);
 }
 
 Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
