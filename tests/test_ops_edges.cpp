@@ -268,6 +268,55 @@ TEST_F(OpEdgesTest, AttentionMasksBroadcastAsDocumented) {
   }
 }
 
+// A query row whose keys are all masked out attends to nothing: zeros, as torch's attention
+// gives (not the NaNs of 0 / 0), with a bool or an additive mask, in every float dtype, eager
+// and traced; the other rows are unchanged, and a NaN score still gives NaN.
+TEST_F(OpEdgesTest, AttentionRowsWithEveryKeyMaskedAreZero) {
+  const std::int64_t h = 2, sq = 3, sk = 4, d = 8;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    auto put = [&](std::uint64_t seed, std::int64_t rows) {
+      return device_tensor(device(), testing::random_floats(h * rows * d, seed), {h, rows, d},
+                           dtype);
+    };
+    const Tensor q = put(11, sq), k = put(12, sk), v = put(13, sk);
+    // Row 1 sees no key; rows 0 and 2 see keys 0, 2 and all.
+    const std::vector<float> keep = {1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1};
+    std::vector<float> additive;
+    for (float x : keep) additive.push_back(x != 0 ? 0.0f : -kInf);
+    const Tensor bool_mask = device_tensor(device(), keep, {sq, sk}, DType::bool_);
+    const Tensor add_mask = device_tensor(device(), additive, {sq, sk}, dtype);
+    const std::vector<float> got =
+        ops::scaled_dot_product_attention(q, k, v, bool_mask).to_vector<float>();
+    EXPECT_EQ(ops::scaled_dot_product_attention(q, k, v, add_mask).to_vector<float>(), got);
+    // Each row against attention over its own keys alone (row 0: keys 0 and 2).
+    const std::vector<float> all = ops::scaled_dot_product_attention(q, k, v).to_vector<float>();
+    for (std::int64_t head = 0; head < h; ++head) {
+      for (std::int64_t c = 0; c < d; ++c) {
+        EXPECT_EQ(got[static_cast<std::size_t>((head * sq + 1) * d + c)], 0.0f) << head;
+        EXPECT_EQ(got[static_cast<std::size_t>((head * sq + 2) * d + c)],
+                  all[static_cast<std::size_t>((head * sq + 2) * d + c)])
+            << head;
+      }
+    }
+    auto traced = make_tracer(
+        [](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& m) {
+          return ops::scaled_dot_product_attention(a, b, c, m);
+        },
+        device());
+    EXPECT_EQ(traced(q, k, v, bool_mask).to_vector<float>(), got);
+    // A NaN in a query makes its row NaN still: only rows of -inf scores are zeroed.
+    std::vector<float> qv = q.to_vector<float>();
+    qv[static_cast<std::size_t>(2 * d)] = kNaN;  // head 0, row 2
+    const std::vector<float> nan_row =
+        ops::scaled_dot_product_attention(device_tensor(device(), qv, {h, sq, d}, dtype), k, v,
+                                          bool_mask)
+            .to_vector<float>();
+    EXPECT_TRUE(std::isnan(nan_row[static_cast<std::size_t>(2 * d)]));
+    EXPECT_EQ(nan_row[static_cast<std::size_t>(d)], 0.0f);
+  }
+}
+
 TEST_F(OpEdgesTest, IntegerArithmeticHasDefinedResults) {
   auto ints = [&](const std::vector<float>& v) {
     return device_tensor(device(), v, {static_cast<std::int64_t>(v.size())}, DType::int32);

@@ -271,7 +271,9 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 // scale defaults to 1/sqrt(D). q, k and v may be views: where each head's [S, D] rows are dense
 // (a key/value cache sliced along S, heads repeated by expand, every other head) the CPU
 // device reads them in place; other views, and views on devices whose kernel takes only dense
-// operands (CUDA), are copied dense first. The result is the same either way, bit for bit.
+// operands (CUDA), are copied dense first. The result is the same either way, bit for bit. A
+// query row whose keys are all masked out (every score -inf) gives zeros, as torch's attention
+// does (not the NaNs of 0 / 0); a NaN score still gives NaN.
 [[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,
                                                   const Tensor& v, const Tensor& mask = {},
                                                   std::optional<double> scale = std::nullopt,
@@ -280,7 +282,7 @@ void scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& mask, std::optional<double> scale,
                                   const Tensor& out, QueueId queue = kDefaultQueue);
 // Causal attention (torch's is_causal, top-left aligned: query i sees keys 0 .. i), with an
-// optional additive mask on top. A row whose keys are all masked out (by -inf in `mask`) is NaN.
+// optional additive mask on top.
 enum class Causal : bool { no = false, yes = true };
 [[nodiscard]] Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k,
                                                   const Tensor& v, const Tensor& mask,

@@ -192,8 +192,10 @@ inline C apply_unary(C x) {
 // out, the softmax's divisor. The maximum and the sum of the exponentials run in interleaved
 // lanes (added up in order at the end): 16 lanes in 512-bit registers where the kernels are
 // built for AVX-512 (1.8x faster than the 8-lane loop there, whose lane sums GCC keeps in
-// memory), 8 lanes otherwise (faster than 16 on AVX2).
-inline float softmax_numerators(const float* in, float* out, std::int64_t n) {
+// memory), 8 lanes otherwise (faster than 16 on AVX2). `max_out`, when given, receives the
+// maximum (-inf for a row of -inf: every numerator is then NaN).
+inline float softmax_numerators(const float* in, float* out, std::int64_t n,
+                                float* max_out = nullptr) {
 #ifdef __AVX512F__
   constexpr int kLanes = 16;
   using Lanes = Lanes16;
@@ -240,6 +242,7 @@ inline float softmax_numerators(const float* in, float* out, std::int64_t n) {
   for (float l : lanes) sum += l;
 #endif
   for (; i < n; ++i) sum += (out[i] = vector_exp(in[i] - max));
+  if (max_out != nullptr) *max_out = max;
   return sum;
 }
 

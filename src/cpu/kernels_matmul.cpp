@@ -143,7 +143,8 @@ const bfloat16* bfloat16_rows(const bfloat16* data, std::int64_t rows, std::int6
 // thousand tokens), and (batch, head, block) items spread evenly over the kernel threads. With
 // a causal mask a block's keys stop after its last row: the keys past it would have weight 0.
 // The softmax's division by each row's sum comes after the second product, on the row's dv
-// outputs instead of its keys' weights. q, k, v and out are found through their (batch, head,
+// outputs instead of its keys' weights. A query row with no key left (every score -inf, all
+// masked out) attends to nothing: zeros, as torch's attention gives. q, k, v and out are found through their (batch, head,
 // row) strides: a slice of a key/value cache is read where it is.
 //
 // bfloat16 on a CPU with bfloat16 instructions (bfloat16_gemm_native): both products there, q,
@@ -231,8 +232,16 @@ void attention_kernel(const std::byte* raw) {
           }
         }
         // The rows' divisors are applied to the product below (rows x dv values, not
-        // rows x keys).
-        inverse[i] = 1.0f / softmax_numerators(row, row, cols);
+        // rows x keys). A row whose every key is masked out (all -inf) gives zeros, as
+        // torch's attention does, not the NaNs of 0 / 0.
+        float top = 0.0f;
+        const float sum = softmax_numerators(row, row, cols, &top);
+        if (top == -std::numeric_limits<float>::infinity()) {
+          std::fill(row, row + cols, 0.0f);
+          inverse[i] = 0.0f;
+        } else {
+          inverse[i] = 1.0f / sum;
+        }
       }
       T* out = static_cast<T*>(p.out) + b * p.out_strides[0] + h * p.out_strides[1] +
                r0 * p.out_strides[2];

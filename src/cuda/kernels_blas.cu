@@ -247,9 +247,15 @@ __global__ void attention_softmax_kernel(const FailureRecord* record, float* sco
     s[c] = e;
     sum += e;
   }
-  const float inv = 1.0f / block_reduce<false>(sum);
+  // A row whose every key is masked out (all -inf) attends to nothing: zeros, as the CPU
+  // device and torch's attention give, not the NaNs of 0 / 0.
+  const bool none = mx == -INFINITY;  // the block's maximum: the same in every thread
+  const float total = block_reduce<false>(sum);
+  const float inv = none ? 0.0f : 1.0f / total;
   T* p = probs + row * sk;
-  for (std::int64_t c = threadIdx.x; c < sk; c += blockDim.x) E::store(p, c, s[c] * inv);
+  for (std::int64_t c = threadIdx.x; c < sk; c += blockDim.x) {
+    E::store(p, c, none ? 0.0f : s[c] * inv);
+  }
 }
 
 // (batch, head) pairs per chunk so that the scores fit the scratch limit.
