@@ -317,6 +317,57 @@ TEST_F(OpEdgesTest, AttentionRowsWithEveryKeyMaskedAreZero) {
   }
 }
 
+// The unary ops torch also runs on integers: neg and square wrap, abs(INT_MIN) is INT_MIN, an
+// unsigned abs and the roundings keep the values; out= forms in place too; other unary ops
+// refuse integers naming the op.
+TEST_F(OpEdgesTest, IntegerUnaryOpsWrapAsTorchs) {
+  constexpr std::int64_t kMin = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  const std::vector<std::int64_t> values = {kMin, -7, -1, 0, 1, 46341, kMax};
+  auto run = [&](DType dtype, const std::vector<std::int64_t>& v, auto&& op) {
+    const Tensor a = Tensor::from_vector<std::int64_t>(v, {static_cast<std::int64_t>(v.size())},
+                                                      dtype)
+                         .to_device(device());
+    return op(a).template to_vector<std::int64_t>();
+  };
+  using V = std::vector<std::int64_t>;
+  EXPECT_EQ(run(DType::int32, values, [](const Tensor& a) { return ops::neg(a); }),
+            (V{kMin, 7, 1, 0, -1, -46341, -kMax}));
+  EXPECT_EQ(run(DType::int32, values, [](const Tensor& a) { return ops::abs(a); }),
+            (V{kMin, 7, 1, 0, 1, 46341, kMax}));
+  EXPECT_EQ(run(DType::int32, values, [](const Tensor& a) { return ops::relu(a); }),
+            (V{0, 0, 0, 0, 1, 46341, kMax}));
+  // 46341^2 = 2147488281 wraps to -2147479015; kMax^2 wraps to 1; kMin^2 to 0.
+  EXPECT_EQ(run(DType::int32, values, [](const Tensor& a) { return ops::square(a); }),
+            (V{0, 49, 1, 0, 1, -2147479015, 1}));
+  for (auto* round : {+[](const Tensor& a) { return ops::floor(a); },
+                      +[](const Tensor& a) { return ops::ceil(a); },
+                      +[](const Tensor& a) { return ops::round(a); },
+                      +[](const Tensor& a) { return ops::trunc(a); }}) {
+    EXPECT_EQ(run(DType::int32, values, round), values);
+  }
+  const V big = {std::numeric_limits<std::int64_t>::min(), -5, 5};
+  EXPECT_EQ(run(DType::int64, big, [](const Tensor& a) { return ops::abs(a); }),
+            (V{std::numeric_limits<std::int64_t>::min(), 5, 5}));
+  const V u = {0, 1, 4294967295};
+  EXPECT_EQ(run(DType::uint32, u, [](const Tensor& a) { return ops::neg(a); }),
+            (V{0, 4294967295, 1}));
+  EXPECT_EQ(run(DType::uint32, u, [](const Tensor& a) { return ops::abs(a); }), u);
+  // out= forms, in place.
+  const Tensor a = Tensor::from_vector<std::int64_t>({-3, 4}, {2}, DType::int64).to_device(device());
+  ops::neg(a, a);
+  EXPECT_EQ(a.to_vector<std::int64_t>(), (V{3, -4}));
+  ops::abs(a, a);
+  EXPECT_EQ(a.to_vector<std::int64_t>(), (V{3, 4}));
+  ops::floor(a, a);
+  EXPECT_EQ(a.to_vector<std::int64_t>(), (V{3, 4}));
+  auto traced = make_tracer([](const Tensor& x) { return ops::abs(ops::neg(x)); }, device());
+  EXPECT_EQ(traced(a).to_vector<std::int64_t>(), (V{3, 4}));
+  EXPECT_RETRACE_ERROR((void)ops::exp(a), invalid_argument, "exp: a has dtype int64");
+  EXPECT_RETRACE_ERROR((void)ops::neg(empty_of({2}, DType::uint8)), invalid_argument,
+                       "neg: a has dtype uint8");
+}
+
 TEST_F(OpEdgesTest, IntegerArithmeticHasDefinedResults) {
   auto ints = [&](const std::vector<float>& v) {
     return device_tensor(device(), v, {static_cast<std::int64_t>(v.size())}, DType::int32);

@@ -155,7 +155,10 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
 [[nodiscard]] Tensor gather(const Tensor& a, std::int64_t dim, const Tensor& index,
                             QueueId queue = kDefaultQueue);
 
-// Unary ops (float32, bfloat16, float16).
+// Unary ops (float32, bfloat16, float16). neg, abs, relu, square, floor, ceil, round and trunc
+// also take int32, uint32 and int64, as torch's: neg and square wrap (-INT_MIN is INT_MIN, an
+// unsigned value negates modulo 2^32), abs(INT_MIN) is INT_MIN, abs of an unsigned value and the
+// four roundings give the values unchanged.
 #define RETRACE_DECLARE_UNARY(name)                                                  \
   [[nodiscard]] Tensor name(const Tensor& a, QueueId queue = kDefaultQueue);         \
   void name(const Tensor& a, const Tensor& out, QueueId queue = kDefaultQueue);

@@ -105,9 +105,53 @@ Tensor binary_scalar(const char* op, BinaryOp kind, const Tensor& a, double b, Q
   return out;
 }
 
+// The unary ops torch also runs on integers, composed there of integer arithmetic (so on every
+// device): neg (wrapping, as torch: -INT_MIN is INT_MIN, unsigned values wrap), abs (the same
+// INT_MIN; unsigned values unchanged), relu, square (wrapping), and floor, ceil, round and trunc
+// (the values unchanged). Others take floats only.
+bool integer_form(UnaryOp kind, DType dtype) {
+  if (dtype != DType::int32 && dtype != DType::uint32 && dtype != DType::int64) return false;
+  switch (kind) {
+    case UnaryOp::neg: case UnaryOp::abs: case UnaryOp::relu: case UnaryOp::square:
+    case UnaryOp::floor: case UnaryOp::ceil: case UnaryOp::round: case UnaryOp::trunc:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void integer_unary_out(const char* op, UnaryOp kind, const Tensor& a, const Tensor& out,
+                       QueueId queue) {
+  check_out(out, a, a.shape(), op);
+  const bool is_unsigned = a.dtype() == DType::uint32;
+  auto negated = [&] {
+    const Tensor zero = full(Shape{}, 0.0, *a.device(), a.dtype(), Layout::row_major, queue);
+    return binary(op, BinaryOp::sub, zero, a, queue);
+  };
+  switch (kind) {
+    case UnaryOp::neg: {
+      const Tensor zero = full(Shape{}, 0.0, *a.device(), a.dtype(), Layout::row_major, queue);
+      binary_out(op, BinaryOp::sub, zero, a, out, queue);
+      return;
+    }
+    case UnaryOp::abs:
+      if (is_unsigned) break;
+      binary_out(op, BinaryOp::maximum, a, negated(), out, queue);
+      return;
+    case UnaryOp::relu: binary_scalar_out(op, BinaryOp::maximum, a, 0.0, out, queue); return;
+    case UnaryOp::square: binary_out(op, BinaryOp::mul, a, a, out, queue); return;
+    default: break;
+  }
+  if (out.buffer() != a.buffer() || out.storage_offset() != a.storage_offset()) copy(a, out, queue);
+}
+
 void unary_out(const char* op, UnaryOp kind, const Tensor& a_in, const Tensor& out,
                QueueId queue) {
   Device& device = device_of(a_in, op, "a");
+  if (integer_form(kind, a_in.dtype())) {
+    integer_unary_out(op, kind, a_in, out, queue);
+    return;
+  }
   check_dtype_in(a_in, op, "a", kFloatTypes);
   check_out(out, a_in, a_in.shape(), op);
   const Tensor a = dense(a_in, queue);
@@ -120,7 +164,7 @@ void unary_out(const char* op, UnaryOp kind, const Tensor& a_in, const Tensor& o
 
 Tensor unary(const char* op, UnaryOp kind, const Tensor& a, QueueId queue) {
   device_of(a, op, "a");
-  check_dtype_in(a, op, "a", kFloatTypes);
+  if (!integer_form(kind, a.dtype())) check_dtype_in(a, op, "a", kFloatTypes);
   Tensor out = empty_like(a, a.shape(), op);
   unary_out(op, kind, a, out, queue);
   return out;
