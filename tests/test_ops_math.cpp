@@ -159,7 +159,10 @@ TEST_F(OpMathTest, RoundingOpsAsTorch) {
   EXPECT_EQ(h.to_vector<float>(), (std::vector<float>{-2.0f, 2.0f, 3.0f}));
   EXPECT_EQ(ops::floor(floats({-1.5f, 2.5f}, DType::float16)).to_vector<float>(),
             (std::vector<float>{-2.0f, 2.0f}));
-  EXPECT_RETRACE_ERROR((void)ops::floor(ops::full({2}, 1.0, device(), DType::int32)),
+  // Integers keep their values (as torch's); bool is refused.
+  EXPECT_EQ(ops::floor(ops::full({2}, -3.0, device(), DType::int32)).to_vector<float>(),
+            (std::vector<float>{-3.0f, -3.0f}));
+  EXPECT_RETRACE_ERROR((void)ops::floor(ops::full({2}, 1.0, device(), DType::bool_)),
                        invalid_argument, "floor");
 }
 
