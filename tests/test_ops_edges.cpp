@@ -60,6 +60,14 @@ TEST_F(OpEdgesTest, ChunkCountsAsTorchChunk) {
   }
   EXPECT_RETRACE_ERROR((void)ops::chunk(empty_of({0, 6}), 0, 0), invalid_argument,
                        "chunk: chunks must be positive, got 0");
+  // split by one size, as torch.split with an integer.
+  EXPECT_EQ(extents(ops::split(empty_of({2, 5}), std::int64_t{2}, 1), 1), (V{2, 2, 1}));
+  EXPECT_EQ(extents(ops::split(empty_of({2, 4}), std::int64_t{2}, -1), 1), (V{2, 2}));
+  EXPECT_EQ(extents(ops::split(empty_of({2, 3}), std::int64_t{7}, 1), 1), (V{3}));
+  EXPECT_EQ(extents(ops::split(empty_of({0, 3}), std::int64_t{2}, 0), 0), (V{0}));
+  EXPECT_EQ(extents(ops::split(empty_of({0, 3}), std::int64_t{0}, 0), 0), (V{0}));
+  EXPECT_RETRACE_ERROR((void)ops::split(empty_of({2, 3}), std::int64_t{0}, 1), invalid_argument,
+                       "split: size 0 along dimension 1 of [2, 3]");
 }
 
 TEST_F(OpEdgesTest, LinearWithNoInputFeaturesGivesTheBias) {

@@ -314,6 +314,11 @@ enum class Causal : bool { no = false, yes = true };
 // Views: pieces of the given sizes along dim (they must add up to its extent).
 [[nodiscard]] std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes,
                                         std::int64_t dim, QueueId queue = kDefaultQueue);
+// Views: pieces of `size` along dim, the last possibly smaller (torch.split with an integer:
+// 5 by 2 gives 2, 2, 1); an empty extent gives one empty piece. size > 0 (or 0 for an empty
+// extent, as torch).
+[[nodiscard]] std::vector<Tensor> split(const Tensor& a, std::int64_t size, std::int64_t dim,
+                                        QueueId queue = kDefaultQueue);
 // Views: pieces of ceil(extent / chunks) along dim, the last possibly smaller, so fewer than
 // `chunks` where they run out (torch.chunk's rule: 5 in 4 chunks gives 2, 2, 1); an empty
 // extent gives `chunks` empty pieces.

@@ -5,6 +5,7 @@
 #include "retrace/error.hpp"
 #include "retrace/ops.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <nanobind/stl/optional.h>
@@ -217,13 +218,34 @@ void bind_ops(nb::module_& m) {
 #undef RETRACE_PY_COMPARE
   ops.def(
       "where",
-      [](const Tensor& cond, const Tensor& a, const Tensor& b, nb::handle out, nb::handle queue) {
+      [](const Tensor& cond, nb::handle a_in, nb::handle b_in, nb::handle out, nb::handle queue) {
         const QueueId q = parse_queue(queue);
-        return with_out(out, [&] { return ops::where(cond, a, b, q); },
-                        [&](const Tensor& o) { ops::where(cond, a, b, o, q); }, "where");
+        // A number for a or b (as torch.where's scalars): a 0-d tensor of the other's dtype
+        // (float32 when both are numbers) on cond's device.
+        const Tensor* other = nullptr;
+        Tensor a_t, b_t;
+        if (nb::try_cast(a_in, a_t)) other = &a_t;
+        if (nb::try_cast(b_in, b_t) && other == nullptr) other = &b_t;
+        auto operand = [&](nb::handle v, Tensor& t, const char* name) {
+          if (!t.is_null()) return;
+          RETRACE_CHECK(nb::isinstance<nb::float_>(v) || nb::isinstance<nb::int_>(v) ||
+                            nb::isinstance<nb::bool_>(v),
+                        invalid_argument, "where: {} must be a tensor or a number, got {}", name,
+                        nb::type_name(v.type()).c_str());
+          RETRACE_CHECK(cond.device() != nullptr, invalid_argument,
+                        "where: cond is on the host; a number operand needs cond on a device");
+          t = ops::full(Shape{}, nb::cast<double>(v), *cond.device(),
+                        other != nullptr ? other->dtype() : DType::float32, Layout::row_major, q);
+        };
+        operand(a_in, a_t, "a");
+        operand(b_in, b_t, "b");
+        return with_out(out, [&] { return ops::where(cond, a_t, b_t, q); },
+                        [&](const Tensor& o) { ops::where(cond, a_t, b_t, o, q); }, "where");
       },
       nb::arg("cond"), nb::arg("a"), nb::arg("b"), nb::kw_only(), nb::arg("out") = nb::none(),
-      nb::arg("queue") = nb::none(), "cond ? a : b elementwise (cond bool; broadcasting).");
+      nb::arg("queue") = nb::none(),
+      "cond ? a : b elementwise (cond bool; broadcasting; a or b may be a number, as "
+      "torch.where).");
   ops.def(
       "masked_fill",
       [](const Tensor& a, const Tensor& mask, double value, nb::handle queue) {
@@ -343,20 +365,73 @@ void bind_ops(nb::module_& m) {
       nb::arg("a"), nb::arg("min") = nb::none(), nb::arg("max") = nb::none(), nb::kw_only(),
       nb::arg("out") = nb::none(), nb::arg("queue") = nb::none());
 
-#define RETRACE_PY_REDUCE(name)                                                                 \
+  // dim: one dimension, or (sum, mean, max, min) a sequence of them as torch's dim=(2, 3):
+  // reduced one after the other, from the last, keeping them until the end (a mean divides
+  // once by the product of their extents).
+  const auto reduce_dims = [](const Tensor& a, nb::handle dim, bool keepdim, const char* op,
+                              bool many, auto&& one) -> Tensor {
+    if (nb::isinstance<nb::int_>(dim)) return one(a, nb::cast<std::int64_t>(dim), keepdim);
+    RETRACE_CHECK(many, invalid_argument, "{}: dim must be one integer", op);
+    std::vector<std::int64_t> dims = int_list(dim, op, "dim");
+    const auto rank = static_cast<std::int64_t>(a.shape().rank());
+    RETRACE_CHECK(!dims.empty(), invalid_argument, "{}: dim is an empty sequence", op);
+    for (std::int64_t& d : dims) {
+      RETRACE_CHECK(d >= -rank && d < rank, invalid_argument,
+                    "{}: dimension {} is out of range for a tensor of rank {}", op, d, rank);
+      if (d < 0) d += rank;
+    }
+    std::sort(dims.begin(), dims.end());
+    RETRACE_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(), invalid_argument,
+                  "{}: a dimension appears twice in dim", op);
+    Tensor r = a;
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) r = one(r, *it, true);
+    if (keepdim) return r;
+    std::vector<std::int64_t> shape;
+    for (std::int64_t d = 0; d < rank; ++d) {
+      if (!std::binary_search(dims.begin(), dims.end(), d)) shape.push_back(r.shape()[d]);
+    }
+    return ops::reshape(r, std::span<const std::int64_t>(shape));
+  };
+#define RETRACE_PY_REDUCE(name, many)                                                           \
   ops.def(                                                                                      \
       #name,                                                                                    \
-      [](const Tensor& a, std::int64_t dim, bool keepdim, nb::handle queue) {                   \
-        return ops::name(a, dim, keep(keepdim), parse_queue(queue));                            \
+      [reduce_dims](const Tensor& a, nb::handle dim, bool keepdim, nb::handle queue) {          \
+        const QueueId q = parse_queue(queue);                                                   \
+        return reduce_dims(a, dim, keepdim, #name, many,                                        \
+                           [q](const Tensor& t, std::int64_t d, bool k) {                       \
+                             return ops::name(t, d, keep(k), q);                                \
+                           });                                                                  \
       },                                                                                        \
       nb::arg("a"), nb::arg("dim") = -1, nb::arg("keepdim") = false, nb::kw_only(),             \
-      nb::arg("queue") = nb::none(), "Reduction along `dim` (default: the last).")
-  RETRACE_PY_REDUCE(sum);
-  RETRACE_PY_REDUCE(mean);
-  RETRACE_PY_REDUCE(argmax);
-  RETRACE_PY_REDUCE(max);
-  RETRACE_PY_REDUCE(min);
+      nb::arg("queue") = nb::none(),                                                            \
+      many ? "Reduction along `dim` (default: the last; or a sequence of dimensions, as "       \
+             "torch's dim=(2, 3))."                                                            \
+           : "Reduction along `dim` (default: the last).")
+  RETRACE_PY_REDUCE(sum, true);
+  RETRACE_PY_REDUCE(argmax, false);
+  RETRACE_PY_REDUCE(max, true);
+  RETRACE_PY_REDUCE(min, true);
 #undef RETRACE_PY_REDUCE
+  // mean over several dimensions: their sum divided once by the number of values summed.
+  ops.def(
+      "mean",
+      [reduce_dims](const Tensor& a, nb::handle dim, bool keepdim, nb::handle queue) {
+        const QueueId q = parse_queue(queue);
+        if (nb::isinstance<nb::int_>(dim)) {
+          return ops::mean(a, nb::cast<std::int64_t>(dim), keep(keepdim), q);
+        }
+        const Tensor total = reduce_dims(a, dim, keepdim, "mean", true,
+                                         [q](const Tensor& t, std::int64_t d, bool k) {
+                                           return ops::sum(t, d, keep(k), q);
+                                         });
+        const double count = static_cast<double>(a.numel()) /
+                             static_cast<double>(std::max<std::int64_t>(total.numel(), 1));
+        return ops::div(total, count, q);
+      },
+      nb::arg("a"), nb::arg("dim") = -1, nb::arg("keepdim") = false, nb::kw_only(),
+      nb::arg("queue") = nb::none(),
+      "Reduction along `dim` (default: the last; or a sequence of dimensions, as torch's "
+      "dim=(2, 3)).");
   ops.def(
       "var",
       [](const Tensor& a, std::int64_t dim, double correction, bool keepdim, nb::handle queue) {
@@ -506,11 +581,17 @@ void bind_ops(nb::module_& m) {
   ops.def(
       "split",
       [](const Tensor& a, nb::handle sizes, std::int64_t dim, nb::handle queue) {
+        // torch.split: an integer is the size of every piece, a sequence the pieces' sizes.
+        if (nb::isinstance<nb::int_>(sizes)) {
+          return ops::split(a, nb::cast<std::int64_t>(sizes), dim, parse_queue(queue));
+        }
         const auto s = int_list(sizes, "split", "sizes");
         return ops::split(a, std::span<const std::int64_t>(s), dim, parse_queue(queue));
       },
       nb::arg("a"), nb::arg("sizes"), nb::arg("dim") = 0, nb::kw_only(),
-      nb::arg("queue") = nb::none());
+      nb::arg("queue") = nb::none(),
+      "Views along dim, as torch.split: sizes is the size of every piece (the last possibly "
+      "smaller) or the list of the pieces' sizes.");
   ops.def(
       "chunk",
       [](const Tensor& a, std::int64_t chunks, std::int64_t dim, nb::handle queue) {

@@ -369,6 +369,32 @@ def test_interpolate_by_scale_factor_reads_through_one_over_the_factor(device):
         ops.interpolate(xt, scale_factor=(2.0, -1.0))
 
 
+def test_torch_forms_of_split_where_and_reductions(device, rng):
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    xt = retrace.from_numpy(x, device=device)
+    # split by one size (the last piece smaller), as torch.split(t, 2, dim).
+    assert [p.shape for p in ops.split(xt, 2, 3)] == [(2, 3, 4, 2), (2, 3, 4, 2), (2, 3, 4, 1)]
+    assert [p.shape for p in ops.split(xt, [1, 2], 1)] == [(2, 1, 4, 5), (2, 2, 4, 5)]
+    # where with a number for either side: a 0-d tensor of the other's dtype.
+    cond = retrace.from_numpy(x > 0, device=device)
+    np.testing.assert_array_equal(ops.where(cond, xt, 0.0).numpy(), np.where(x > 0, x, 0))
+    np.testing.assert_array_equal(ops.where(cond, -1, xt).numpy(), np.where(x > 0, -1, x))
+    both = ops.where(cond, 1.0, 2.0)
+    assert both.dtype == retrace.float32 and both.shape == x.shape
+    with pytest.raises(retrace.InvalidArgument, match="where: a must be a tensor or a number"):
+        ops.where(cond, "1", xt)
+    # Reductions over several dimensions, as torch's dim=(2, 3).
+    for name, ref in (("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min)):
+        for dims, keep in (((2, 3), False), ((-1, 0), True), ([0, 1, 2, 3], False)):
+            got = getattr(ops, name)(xt, dims, keepdim=keep).numpy()
+            want = ref(x.astype(np.float64), axis=tuple(dims), keepdims=keep)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} {dims}")
+    with pytest.raises(retrace.InvalidArgument, match="sum: a dimension appears twice"):
+        ops.sum(xt, (1, -3))
+    with pytest.raises(retrace.InvalidArgument, match="argmax: dim must be one integer"):
+        ops.argmax(xt, (1, 2))
+
+
 def test_argmax_and_boolean_attention_masks(device):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 7)).astype(np.float32)

@@ -227,6 +227,20 @@ std::vector<Tensor> split(const Tensor& a, std::span<const std::int64_t> sizes, 
   return pieces;
 }
 
+std::vector<Tensor> split(const Tensor& a, std::int64_t size, std::int64_t dim, QueueId queue) {
+  device_of(a, "split", "a");
+  const auto d = static_cast<std::size_t>(normalize_dim(dim, a.shape().rank(), "split"));
+  const std::int64_t extent = a.shape().dims()[d];
+  RETRACE_CHECK(size > 0 || (size == 0 && extent == 0), invalid_argument,
+                "split: size {} along dimension {} of {}; a size is > 0 (0 only for an empty "
+                "dimension)",
+                size, d, a.shape());
+  std::vector<std::int64_t> sizes;
+  if (extent == 0) sizes.push_back(0);
+  for (std::int64_t at = 0; at < extent; at += size) sizes.push_back(std::min(size, extent - at));
+  return split(a, std::span<const std::int64_t>(sizes), static_cast<std::int64_t>(d), queue);
+}
+
 std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, std::int64_t dim, QueueId queue) {
   device_of(a, "chunk", "a");
   RETRACE_CHECK(chunks >= 1, invalid_argument, "chunk: chunks must be positive, got {}", chunks);
