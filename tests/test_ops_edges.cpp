@@ -362,7 +362,8 @@ TEST_F(OpEdgesTest, IntegerUnaryOpsWrapAsTorchs) {
             (V{0, 4294967295, 1}));
   EXPECT_EQ(run(DType::uint32, u, [](const Tensor& a) { return ops::abs(a); }), u);
   // out= forms, in place.
-  const Tensor a = Tensor::from_vector<std::int64_t>({-3, 4}, {2}, DType::int64).to_device(device());
+  const Tensor a =
+      Tensor::from_vector<std::int64_t>({-3, 4}, {2}, DType::int64).to_device(device());
   ops::neg(a, a);
   EXPECT_EQ(a.to_vector<std::int64_t>(), (V{3, -4}));
   ops::abs(a, a);

@@ -157,7 +157,8 @@ TEST_P(PackedWeights, AProductOfTheTracesOwnResultsReadsEachReplays) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(, PackedWeights, ::testing::Values(DType::float32, DType::bfloat16, DType::float16),
+INSTANTIATE_TEST_SUITE_P(, PackedWeights,
+                         ::testing::Values(DType::float32, DType::bfloat16, DType::float16),
                          [](const auto& param_info) {
                            return std::string(dtype_name(param_info.param));
                          });

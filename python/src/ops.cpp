@@ -728,8 +728,9 @@ void bind_ops(nb::module_& m) {
                           "interpolate: scale_factor {} is not finite and > 0", v);
           }
           const auto scaled = [&](int i) {
+            const double factor = f[static_cast<std::size_t>(i)];
             return static_cast<std::int64_t>(
-                std::floor(static_cast<double>(a.shape()[-2 + i]) * f[static_cast<std::size_t>(i)]));
+                std::floor(static_cast<double>(a.shape()[-2 + i]) * factor));
           };
           return ops::interpolate(a, scaled(0), scaled(1), options, parse_queue(queue));
         }

@@ -144,8 +144,8 @@ const bfloat16* bfloat16_rows(const bfloat16* data, std::int64_t rows, std::int6
 // a causal mask a block's keys stop after its last row: the keys past it would have weight 0.
 // The softmax's division by each row's sum comes after the second product, on the row's dv
 // outputs instead of its keys' weights. A query row with no key left (every score -inf, all
-// masked out) attends to nothing: zeros, as torch's attention gives. q, k, v and out are found through their (batch, head,
-// row) strides: a slice of a key/value cache is read where it is.
+// masked out) attends to nothing: zeros, as torch's attention gives. q, k, v and out are found
+// through their (batch, head, row) strides: a slice of a key/value cache is read where it is.
 //
 // bfloat16 on a CPU with bfloat16 instructions (bfloat16_gemm_native): both products there, q,
 // k and v read in place; the scores come out in float32, the softmax's numerators (each in

@@ -318,9 +318,9 @@ Tensor resize(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
     // torch copies an unchanged extent, except that given a factor other than 1 its
     // nearest-exact and bicubic kernels read it through 1 / factor (10 at 1.09 stays 10, read
     // at steps of 0.917); nearest, bilinear and area copy it whatever the factor.
-    const bool through_factor =
-        factor != 0.0 && m.scale != 1.0f &&
-        (options.mode == InterpolateMode::nearest_exact || options.mode == InterpolateMode::bicubic);
+    const bool resampled = options.mode == InterpolateMode::nearest_exact ||
+                           options.mode == InterpolateMode::bicubic;
+    const bool through_factor = factor != 0.0 && m.scale != 1.0f && resampled;
     if (in[i] == out[i] && !through_factor) continue;
     const int dim = i == 0 ? -2 : -1;
     switch (options.mode) {

@@ -123,26 +123,22 @@ bool integer_form(UnaryOp kind, DType dtype) {
 void integer_unary_out(const char* op, UnaryOp kind, const Tensor& a, const Tensor& out,
                        QueueId queue) {
   check_out(out, a, a.shape(), op);
-  const bool is_unsigned = a.dtype() == DType::uint32;
-  auto negated = [&] {
-    const Tensor zero = full(Shape{}, 0.0, *a.device(), a.dtype(), Layout::row_major, queue);
-    return binary(op, BinaryOp::sub, zero, a, queue);
-  };
+  auto zero = [&] { return full(Shape{}, 0.0, *a.device(), a.dtype(), Layout::row_major, queue); };
   switch (kind) {
-    case UnaryOp::neg: {
-      const Tensor zero = full(Shape{}, 0.0, *a.device(), a.dtype(), Layout::row_major, queue);
-      binary_out(op, BinaryOp::sub, zero, a, out, queue);
-      return;
-    }
+    case UnaryOp::neg: binary_out(op, BinaryOp::sub, zero(), a, out, queue); return;
     case UnaryOp::abs:
-      if (is_unsigned) break;
-      binary_out(op, BinaryOp::maximum, a, negated(), out, queue);
+      if (a.dtype() == DType::uint32) break;  // its values unchanged
+      binary_out(op, BinaryOp::maximum, a, binary(op, BinaryOp::sub, zero(), a, queue), out,
+                 queue);
       return;
     case UnaryOp::relu: binary_scalar_out(op, BinaryOp::maximum, a, 0.0, out, queue); return;
     case UnaryOp::square: binary_out(op, BinaryOp::mul, a, a, out, queue); return;
     default: break;
   }
-  if (out.buffer() != a.buffer() || out.storage_offset() != a.storage_offset()) copy(a, out, queue);
+  // The values unchanged: a copy, unless out is a itself.
+  if (out.buffer() != a.buffer() || out.storage_offset() != a.storage_offset()) {
+    copy(a, out, queue);
+  }
 }
 
 void unary_out(const char* op, UnaryOp kind, const Tensor& a_in, const Tensor& out,
