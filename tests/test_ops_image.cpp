@@ -593,6 +593,14 @@ TEST_F(OpImageTest, InterpolateByScaleFactorReadsThroughOneOverTheFactor) {
       }
     }
   }
+  // recompute_scale_factor: the sizes decide, as interpolate to them.
+  const Tensor c = device_tensor(device(), testing::random_floats(5 * 4, 980), {1, 5, 4});
+  ops::InterpolateOptions recompute{M::bilinear};
+  recompute.recompute_scale_factor = true;
+  EXPECT_EQ(ops::interpolate_scaled(c, 1.5, 1.3, recompute).to_vector<float>(),
+            ops::interpolate(c, 7, 5, {M::bilinear}).to_vector<float>());
+  EXPECT_NE(ops::interpolate_scaled(c, 1.5, 1.3, {M::bilinear}).to_vector<float>(),
+            ops::interpolate(c, 7, 5, {M::bilinear}).to_vector<float>());
   // Different factors per dimension; a whole ratio gives interpolate's result.
   const Tensor b = device_tensor(device(), testing::random_floats(2 * 4 * 6, 990), {2, 4, 6});
   EXPECT_EQ(ops::interpolate_scaled(b, 2.0, 0.5, {M::bilinear}).shape(), (Shape{2, 8, 3}));

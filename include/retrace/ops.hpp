@@ -386,6 +386,9 @@ enum class InterpolateMode { nearest, nearest_exact, bilinear, bicubic, area };
 struct InterpolateOptions {
   InterpolateMode mode = InterpolateMode::nearest;
   bool align_corners = false;
+  // interpolate_scaled only: read the positions through the sizes floor(in * scale) gives, as
+  // if they had been given (torch's recompute_scale_factor=True).
+  bool recompute_scale_factor = false;
 };
 [[nodiscard]] Tensor interpolate(const Tensor& a, std::int64_t out_h, std::int64_t out_w,
                                  const InterpolateOptions& options = {},

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
@@ -717,23 +716,7 @@ void bind_ops(nb::module_& m) {
                       "interpolate: scale_factor is one number or (scale_h, scale_w), got {} "
                       "values",
                       f.size());
-        if (recompute_scale_factor) {  // torch's: the sizes decide, as if given
-          const std::int64_t rank = static_cast<std::int64_t>(a.shape().rank());
-          RETRACE_CHECK(rank >= 2, invalid_argument,
-                        "interpolate: a has rank {}; it resizes the last two dimensions "
-                        "[..., H, W]",
-                        rank);
-          for (double v : f) {
-            RETRACE_CHECK(std::isfinite(v) && v > 0.0, invalid_argument,
-                          "interpolate: scale_factor {} is not finite and > 0", v);
-          }
-          const auto scaled = [&](int i) {
-            const double factor = f[static_cast<std::size_t>(i)];
-            return static_cast<std::int64_t>(
-                std::floor(static_cast<double>(a.shape()[-2 + i]) * factor));
-          };
-          return ops::interpolate(a, scaled(0), scaled(1), options, parse_queue(queue));
-        }
+        options.recompute_scale_factor = recompute_scale_factor;
         return ops::interpolate_scaled(a, f[0], f[1], options, parse_queue(queue));
       },
       nb::arg("a"), nb::arg("size").none() = nb::none(), nb::arg("mode") = "nearest",

@@ -377,7 +377,8 @@ Tensor interpolate_scaled(const Tensor& a, double scale_h, double scale_w,
                   factors[i]);
     out[i] = static_cast<std::int64_t>(size);
   }
-  return resize(a, out[0], out[1], options, op, queue, factors);
+  return resize(a, out[0], out[1], options, op, queue,
+                options.recompute_scale_factor ? nullptr : factors);
 }
 
 Tensor interpolate_nearest(const Tensor& a, std::int64_t out_h, std::int64_t out_w,

@@ -249,11 +249,12 @@ std::vector<Tensor> chunk(const Tensor& a, std::int64_t chunks, std::int64_t dim
   // As torch.chunk: pieces of ceil(extent / chunks), so fewer than `chunks` where they run out
   // (5 in 4 chunks: 2, 2, 1), and `chunks` empty pieces of an empty extent (so `q, k, v =
   // chunk(x, 3, d)` holds for an empty batch too).
-  const std::int64_t size = extent / chunks + (extent % chunks != 0 ? 1 : 0);
-  std::vector<std::int64_t> sizes;
-  if (extent == 0) sizes.assign(static_cast<std::size_t>(chunks), 0);
-  for (std::int64_t at = 0; at < extent; at += size) sizes.push_back(std::min(size, extent - at));
-  return split(a, sizes, static_cast<std::int64_t>(d), queue);
+  if (extent == 0) {
+    const std::vector<std::int64_t> empty(static_cast<std::size_t>(chunks), 0);
+    return split(a, empty, static_cast<std::int64_t>(d), queue);
+  }
+  return split(a, extent / chunks + (extent % chunks != 0 ? 1 : 0), static_cast<std::int64_t>(d),
+               queue);
 }
 
 Tensor concat(std::span<const Tensor> tensors, std::int64_t dim, QueueId queue) {
